@@ -1,0 +1,27 @@
+"""Recoverable streamed LLM turns for LangChain.
+
+Retry before output, continue after partial output, checkpoint the in-flight
+turn, gate tool calls on complete JSON, and hand only complete turns to memory.
+"""
+
+from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.errors import (
+    AwakenError,
+    StreamCheckpointError,
+    StreamCheckpointFencedError,
+    StreamInterruptedError,
+    StreamStalledError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AwakenError",
+    "StreamCheckpoint",
+    "StreamCheckpointError",
+    "StreamCheckpointFencedError",
+    "StreamCheckpointStore",
+    "StreamInterruptedError",
+    "StreamStalledError",
+    "__version__",
+]

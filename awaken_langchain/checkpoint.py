@@ -1,0 +1,324 @@
+"""The stream checkpoint record and the store contract.
+
+A stream checkpoint holds only the unfinished assistant turn: what has arrived so
+far, so that a replacement process can finish the turn. It is not a conversation
+store; the framework's memory (a LangGraph checkpointer, a chat message history)
+remains the authority for messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from awaken_langchain.errors import StreamCheckpointError
+
+SCHEMA_VERSION: Literal[1] = 1
+"""Version of the checkpoint JSON layout written by this release."""
+
+DEFAULT_MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
+"""Default refusal threshold for one encoded checkpoint (16 MiB)."""
+
+MAX_RUN_ID_LENGTH = 1024
+"""Longest run id a store accepts, in characters."""
+
+
+class Clock(Protocol):
+    """A source of wall-clock time in seconds since the epoch (``time.time``)."""
+
+    def __call__(self) -> float:  # pragma: no cover - protocol
+        """Return the current time in seconds."""
+        ...
+
+
+class CompletedToolCall(BaseModel):
+    """A tool call whose arguments arrived whole and parsed as a JSON object."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    """The provider's tool call id."""
+    name: str
+    """The tool's name."""
+    args: dict[str, Any]
+    """The parsed arguments."""
+    index: int = Field(default=0, ge=0)
+    """The tool call's index within the turn (after any continuation shift)."""
+
+
+class InFlightToolCall(BaseModel):
+    """The one tool call whose arguments were still arriving."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str | None = None
+    """The provider's tool call id, if it had arrived."""
+    name: str | None = None
+    """The tool's name, if it had arrived."""
+    index: int = Field(default=0, ge=0)
+    """The tool call's index within the turn (after any continuation shift)."""
+    partial_args: str = ""
+    """The raw argument text received so far; usually not valid JSON."""
+
+
+class StreamCheckpoint(BaseModel):
+    """One in-flight assistant turn, as far as it had arrived.
+
+    The record is immutable; build an updated one with ``model_copy(update=...)``.
+    It never holds secrets: no API keys, headers or client settings.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    """Layout version of this record; readers refuse versions they do not know."""
+    run_id: str = Field(min_length=1, max_length=MAX_RUN_ID_LENGTH)
+    """The key of the turn: the caller's run id, or one derived from the thread and task."""
+    thread_id: str | None = None
+    """The conversation thread the turn belongs to, when known."""
+    model: str = ""
+    """Identifier of the model the turn was requested from."""
+    message_id: str | None = None
+    """The stable id of the assistant message this turn produces."""
+    partial_text: str = ""
+    """The whole turn's text so far, across every attempt (never a continuation prompt)."""
+    completed_tool_calls: tuple[CompletedToolCall, ...] = ()
+    """Tool calls that arrived whole, in the order they completed."""
+    in_flight_tool_call: InFlightToolCall | None = None
+    """The tool call still arriving when the checkpoint was written, if any."""
+    retry_count: int = Field(default=0, ge=0)
+    """Retries and continuations already spent on this turn."""
+    epoch: int = Field(default=0, ge=0)
+    """The fencing epoch of the writer, as returned by ``StreamCheckpointStore.claim``."""
+    updated_at: float = Field(default=0.0, ge=0.0)
+    """When the store last wrote the record, in seconds since the epoch (set by the store)."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_addressable(cls, value: str) -> str:
+        check_run_id(value)
+        return value
+
+
+def check_run_id(run_id: object) -> str:
+    """Validate a run id and return it.
+
+    Any non-empty string of at most ``MAX_RUN_ID_LENGTH`` characters without NUL
+    is accepted; stores never use it as a path, so ``/`` and ``..`` are harmless.
+
+    Raises:
+        StreamCheckpointError: If the run id is not usable as a key.
+    """
+    if not isinstance(run_id, str):
+        raise StreamCheckpointError(f"run id must be a str, got {type(run_id).__name__}")
+    if not run_id:
+        raise StreamCheckpointError("run id must not be empty")
+    if len(run_id) > MAX_RUN_ID_LENGTH:
+        raise StreamCheckpointError(
+            f"run id is {len(run_id)} characters long; the limit is {MAX_RUN_ID_LENGTH}",
+            run_id=run_id,
+        )
+    if "\x00" in run_id:
+        raise StreamCheckpointError("run id must not contain NUL characters", run_id=run_id)
+    return run_id
+
+
+def encode_json(value: Any) -> bytes:
+    """Encode a JSON value as UTF-8 bytes that round-trip any Python ``str``.
+
+    Lone surrogates (which are not valid UTF-8) are kept with the
+    ``surrogatepass`` error handler so that text survives storage unchanged.
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def decode_json(data: bytes | str, *, run_id: str | None = None) -> Any:
+    """Decode bytes written by :func:`encode_json`.
+
+    Raises:
+        StreamCheckpointError: If the data is not valid JSON.
+    """
+    try:
+        text = data.decode("utf-8", "surrogatepass") if isinstance(data, bytes) else data
+        return json.loads(text)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise StreamCheckpointError(
+            "stored checkpoint is corrupted (not JSON)", run_id=run_id, cause=exc
+        ) from exc
+
+
+def checkpoint_from_dict(data: Any, *, run_id: str | None = None) -> StreamCheckpoint:
+    """Validate a decoded JSON object as a checkpoint.
+
+    Raises:
+        StreamCheckpointError: If the object is not a valid checkpoint of a known
+            schema version.
+    """
+    if isinstance(data, dict):
+        version = data.get("schema_version")
+        if isinstance(version, int) and version > SCHEMA_VERSION:
+            raise StreamCheckpointError(
+                f"stored checkpoint has schema_version {version}, newer than this "
+                f"release understands ({SCHEMA_VERSION}); upgrade awaken-langchain",
+                run_id=run_id,
+            )
+    try:
+        return StreamCheckpoint.model_validate(data)
+    except ValidationError as exc:
+        raise StreamCheckpointError(
+            "stored checkpoint is corrupted (invalid fields)", run_id=run_id, cause=exc
+        ) from exc
+
+
+def encode_checkpoint(checkpoint: StreamCheckpoint) -> bytes:
+    """Encode a checkpoint as JSON bytes."""
+    return encode_json(checkpoint.model_dump(mode="json"))
+
+
+def decode_checkpoint(data: bytes | str, *, run_id: str | None = None) -> StreamCheckpoint:
+    """Decode a checkpoint written by :func:`encode_checkpoint`.
+
+    Raises:
+        StreamCheckpointError: If the data is corrupted or of an unknown version.
+    """
+    return checkpoint_from_dict(decode_json(data, run_id=run_id), run_id=run_id)
+
+
+class StreamCheckpointStore(ABC):
+    """Where in-flight turns are kept so that another process can finish them.
+
+    The contract every store honours (and the conformance suite checks):
+
+    - ``get(run_id)`` returns the latest checkpoint, or ``None`` when there is none
+      or it is older than the store's ``ttl``.
+    - ``put(checkpoint)`` replaces the run's checkpoint. The store stamps
+      ``updated_at`` with its clock. A put whose text extends the text already
+      stored writes only the new part.
+    - ``delete(run_id)`` is idempotent; deleting a missing run is not an error.
+    - ``claim(run_id)`` returns a new fencing epoch, strictly larger than any
+      epoch returned before for that run (also across store instances and
+      processes sharing the backend, and after the checkpoint was deleted).
+      A ``put`` or ``delete(run_id, epoch=...)`` carrying an epoch older than the
+      run's current one raises ``StreamCheckpointFencedError``.
+    - Every storage failure raises ``StreamCheckpointError`` naming the run id
+      and the cause; raw backend exceptions never escape.
+
+    The async twins default to running the sync method in a worker thread;
+    natively async backends override them.
+
+    Args:
+        ttl: Seconds after its last write when a checkpoint expires, or ``None``
+            to keep checkpoints until they are deleted.
+        max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
+        clock: Wall-clock time source, injectable for tests.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl: float | None = None,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl is not None and ttl <= 0:
+            raise ValueError(f"ttl must be a positive number of seconds or None, got {ttl!r}")
+        if max_checkpoint_bytes <= 0:
+            raise ValueError(f"max_checkpoint_bytes must be positive, got {max_checkpoint_bytes!r}")
+        self.ttl = ttl
+        self.max_checkpoint_bytes = max_checkpoint_bytes
+        self.clock = clock
+
+    # -- the contract -------------------------------------------------------
+
+    @abstractmethod
+    def get(self, run_id: str) -> StreamCheckpoint | None:
+        """Return the run's checkpoint, or ``None`` if there is none or it expired."""
+
+    @abstractmethod
+    def put(self, checkpoint: StreamCheckpoint) -> None:
+        """Store the checkpoint, replacing the run's previous one.
+
+        Raises:
+            StreamCheckpointFencedError: If ``checkpoint.epoch`` is older than the
+                run's current epoch.
+            StreamCheckpointError: On any other storage failure, or when the
+                encoded checkpoint exceeds ``max_checkpoint_bytes``.
+        """
+
+    @abstractmethod
+    def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+        """Delete the run's checkpoint; a missing checkpoint is not an error.
+
+        Args:
+            run_id: The run to delete.
+            epoch: The deleting writer's epoch. When given and older than the
+                run's current epoch, the delete is refused. ``None`` deletes
+                unconditionally (operators).
+
+        Raises:
+            StreamCheckpointFencedError: If ``epoch`` is stale.
+            StreamCheckpointError: On any other storage failure.
+        """
+
+    @abstractmethod
+    def claim(self, run_id: str) -> int:
+        """Take ownership of a run and return its new, strictly larger epoch."""
+
+    @abstractmethod
+    def list_run_ids(self) -> list[str]:
+        """Return the run ids that have an unexpired checkpoint."""
+
+    @abstractmethod
+    def gc(self) -> int:
+        """Remove expired checkpoints and return how many were removed."""
+
+    # -- derived helpers ------------------------------------------------------
+
+    def list_checkpoints(self) -> list[StreamCheckpoint]:
+        """Return every unexpired checkpoint (for operators)."""
+        found = []
+        for run_id in self.list_run_ids():
+            checkpoint = self.get(run_id)
+            if checkpoint is not None:
+                found.append(checkpoint)
+        return found
+
+    def is_expired(self, updated_at: float) -> bool:
+        """Tell whether a record written at ``updated_at`` is past the TTL."""
+        return self.ttl is not None and self.clock() - updated_at > self.ttl
+
+    def close(self) -> None:
+        """Release resources held by the store (no-op by default)."""
+        return None
+
+    def __enter__(self) -> StreamCheckpointStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- async twins ----------------------------------------------------------
+
+    async def aget(self, run_id: str) -> StreamCheckpoint | None:
+        """Async twin of :meth:`get`."""
+        return await asyncio.to_thread(self.get, run_id)
+
+    async def aput(self, checkpoint: StreamCheckpoint) -> None:
+        """Async twin of :meth:`put`."""
+        await asyncio.to_thread(self.put, checkpoint)
+
+    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
+        """Async twin of :meth:`delete`."""
+        await asyncio.to_thread(self.delete, run_id, epoch=epoch)
+
+    async def aclaim(self, run_id: str) -> int:
+        """Async twin of :meth:`claim`."""
+        return await asyncio.to_thread(self.claim, run_id)

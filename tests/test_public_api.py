@@ -1,0 +1,21 @@
+import awaken_langchain
+
+
+def test_public_names_are_pinned() -> None:
+    assert sorted(awaken_langchain.__all__) == sorted(
+        [
+            "AwakenError",
+            "StreamCheckpoint",
+            "StreamCheckpointError",
+            "StreamCheckpointFencedError",
+            "StreamCheckpointStore",
+            "StreamInterruptedError",
+            "StreamStalledError",
+            "__version__",
+        ]
+    )
+
+
+def test_every_public_name_is_importable() -> None:
+    for name in awaken_langchain.__all__:
+        assert getattr(awaken_langchain, name) is not None
