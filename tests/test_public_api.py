@@ -5,13 +5,18 @@ def test_public_names_are_pinned() -> None:
     assert sorted(awaken_langchain.__all__) == sorted(
         [
             "AwakenError",
+            "ErrorInfo",
+            "ErrorKind",
+            "RetryPolicy",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
             "StreamCheckpointStore",
+            "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
             "__version__",
+            "classify_error",
         ]
     )
 
