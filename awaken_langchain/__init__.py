@@ -5,10 +5,12 @@ turn, gate tool calls on complete JSON, and hand only complete turns to memory.
 """
 
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
 from awaken_langchain.errors import (
     AwakenError,
     StreamCheckpointError,
     StreamCheckpointFencedError,
+    StreamEndedEarlyError,
     StreamInterruptedError,
     StreamStalledError,
 )
@@ -17,6 +19,7 @@ from awaken_langchain.stores import (
     FileStreamCheckpointStore,
     InMemoryStreamCheckpointStore,
 )
+from awaken_langchain.retry import RetryPolicy
 
 __version__ = "0.1.0"
 
@@ -25,11 +28,16 @@ __all__ = [
     "DiskCacheStreamCheckpointStore",
     "FileStreamCheckpointStore",
     "InMemoryStreamCheckpointStore",
+    "ErrorInfo",
+    "ErrorKind",
+    "RetryPolicy",
     "StreamCheckpoint",
     "StreamCheckpointError",
     "StreamCheckpointFencedError",
     "StreamCheckpointStore",
+    "StreamEndedEarlyError",
     "StreamInterruptedError",
     "StreamStalledError",
     "__version__",
+    "classify_error",
 ]
