@@ -1,1 +1,3 @@
 """Shared pytest configuration."""
+
+pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]
