@@ -14,12 +14,12 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores import (
     DiskCacheStreamCheckpointStore,
     FileStreamCheckpointStore,
     InMemoryStreamCheckpointStore,
 )
-from awaken_langchain.retry import RetryPolicy
 
 __version__ = "0.1.0"
 
