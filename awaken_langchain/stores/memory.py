@@ -40,6 +40,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         self._lock = threading.Lock()
         self._heads: dict[str, bytes] = {}
         self._texts: dict[str, bytearray] = {}
+        self._write_ids: dict[str, str] = {}
         self._epochs: dict[str, int] = {}
 
     def _backend_claim(self, run_id: str) -> int:
@@ -53,6 +54,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
             check_epoch(head.run_id, epoch, self._epochs.get(head.run_id, 0), action="put")
             self._heads[head.run_id] = head.encode()
             self._texts[head.run_id] = bytearray(text)
+            self._write_ids[head.run_id] = head.write_id
             return head
 
     def _backend_append(
@@ -61,15 +63,12 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         run_id = head.run_id
         with self._lock:
             check_epoch(run_id, epoch, self._epochs.get(run_id, 0), action="put")
-            raw = self._heads.get(run_id)
             text = self._texts.get(run_id)
-            if raw is None or text is None:
-                return None
-            stored = decode_head(raw, run_id=run_id)
-            if stored.write_id != expect.write_id or len(text) != expect.text_bytes:
+            if text is None or self._write_ids.get(run_id) != expect.write_id:
                 return None
             text += delta
             self._heads[run_id] = head.encode()
+            self._write_ids[run_id] = head.write_id
             return head
 
     def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
@@ -93,6 +92,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
                 return False
             del self._heads[run_id]
             self._texts.pop(run_id, None)
+            self._write_ids.pop(run_id, None)
             return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
