@@ -19,6 +19,7 @@ from awaken_langchain.testing.server import (
     ShapeRule,
     TokenUsage,
     echo_responder,
+    periodic_fault,
 )
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "ShapeRule",
     "TokenUsage",
     "echo_responder",
+    "periodic_fault",
 ]
