@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -928,3 +929,13 @@ def test_plan_stall_pauses_after_the_given_event() -> None:
 def test_plan_error_event_replaces_the_rest_of_the_stream() -> None:
     steps = plan_stream(FRAMES, Fault.error_event(after_events=1), extra=Frame(b"ERR"))
     assert writes(steps) == [b"a", b"ERR"]
+
+
+def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import awaken_langchain.testing.server as module
+
+    doc = module.__doc__
+    assert doc is not None
+    block = doc.split("at it::\n", 1)[1].split("\n\nThis prints", 1)[0]
+    exec(textwrap.dedent(block), {})
+    assert capsys.readouterr().out == "Hell <connection dropped>\n"

@@ -17,17 +17,30 @@ like the real APIs do (see ``shape_rules``).
 
 Point the official SDKs or the LangChain integrations at it::
 
+    import openai
     from langchain_openai import ChatOpenAI
     from awaken_langchain.testing import Fault, LoopbackProvider, Scenario
 
     with LoopbackProvider() as server:
         server.enqueue(Scenario(text="Hello there", fault=Fault.drop_after_events(2)))
-        model = ChatOpenAI(base_url=server.base_url_openai, api_key="x", max_retries=0)
-        ...
+        model = ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+        try:
+            for chunk in model.stream("Hi"):
+                print(chunk.text, end="")
+        except openai.APIConnectionError:
+            print(" <connection dropped>")
         assert len(server.requests_for("openai")) == 1
 
-Run it standalone (for demos) with
-``python -m awaken_langchain.testing.server --port 8765``.
+This prints ``Hell <connection dropped>``: the role chunk and one four-character
+delta arrived before the drop.
+
+In pytest, enable the ``loopback_provider`` fixture with
+``pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]`` in a
+``conftest.py``. Run the server standalone (for demos) with
+``python -m awaken_langchain.testing.server --port 8765 --echo``; add
+``--fault drop --fault-every 3`` to break every third answer mid-stream.
 """
 
 from __future__ import annotations
@@ -105,7 +118,8 @@ class RecordedRequest:
     """One request the server received, as it arrived.
 
     Attributes:
-        number: Sequence number on this server, starting at 1.
+        number: Sequence number on this server, starting at 1; it also
+            numbers the response ids (``chatcmpl-loopback-<n>``, ``msg_loopback_<n>``).
         method: HTTP method.
         path: Request path without the query string.
         query: The query string (``""`` when none).
@@ -225,6 +239,7 @@ class LoopbackProvider:
         self._lock = threading.RLock()
         self._queue: list[Scenario] = list(scenarios)
         self._requests: list[RecordedRequest] = []
+        self._received = 0
         self._default: Scenario | Responder = default
         self.shape_rules: tuple[ShapeRule, ...] = tuple(shape_rules)
         self._host = host
@@ -368,21 +383,26 @@ class LoopbackProvider:
         return [r for r in self.requests if r.provider == provider]
 
     def reset(self) -> None:
-        """Forget recorded requests and queued scenarios."""
+        """Forget recorded requests and queued scenarios (request numbers keep counting)."""
         with self._lock:
             self._requests.clear()
             self._queue.clear()
 
     # -- request handling (called from handler threads) -------------------------------
 
-    def _admit(self, request: RecordedRequest) -> RecordedRequest:
-        """Validate the request, pick the scenario that answers it, and record it."""
+    def _admit(self, request: RecordedRequest) -> tuple[RecordedRequest, str | None]:
+        """Number, validate and record a request, and pick the scenario that answers it.
+
+        Returns:
+            The recorded request and, when a shape rule rejected it, the error message.
+        """
         rejection = None
         answerable = request.provider is not None and isinstance(request.body, dict)
         if answerable and request.provider is not None:
             rejection = first_violation(self.shape_rules, request.provider, request.body)
         with self._lock:
-            request = dataclasses.replace(request, number=len(self._requests) + 1)
+            self._received += 1
+            request = dataclasses.replace(request, number=self._received)
             if rejection is not None:
                 request = dataclasses.replace(request, rejected_by=rejection[0].name)
             elif answerable and request.provider is not None:
@@ -391,7 +411,7 @@ class LoopbackProvider:
                     scenario = self._answer_by_default(request)
                 request = dataclasses.replace(request, scenario=scenario)
             self._requests.append(request)
-        return request
+        return request, rejection[1] if rejection is not None else None
 
     def _answer_by_default(self, request: RecordedRequest) -> Scenario:
         default = self._default
@@ -555,7 +575,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         parts = urlsplit(self.path)
         provider = _provider_for(self.command, parts.path)
-        request = self.provider._admit(
+        request, rejection = self.provider._admit(
             RecordedRequest(
                 number=0,
                 method=self.command,
@@ -576,11 +596,9 @@ class _Handler(BaseHTTPRequestHandler):
             message = "The request body is not a JSON object."
             self._send_json(400, error_body(provider, 400, request_id=request_id, message=message))
             return
-        if request.rejected_by is not None:
-            violation = first_violation(self.provider.shape_rules, provider, body)
-            message = violation[1] if violation else request.rejected_by
+        if rejection is not None:
             self._send_json(
-                400, error_body(provider, 400, request_id=request_id, message=message), provider
+                400, error_body(provider, 400, request_id=request_id, message=rejection), provider
             )
             return
         assert request.scenario is not None
