@@ -29,6 +29,7 @@ from awaken_langchain.testing.server import (
     ShapeRule,
     TokenUsage,
     echo_responder,
+    periodic_fault,
 )
 
 __all__ = [
@@ -51,4 +52,5 @@ __all__ = [
     "finish",
     "text",
     "tool_call",
+    "periodic_fault",
 ]
