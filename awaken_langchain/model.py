@@ -449,6 +449,13 @@ async def _with_idle_timeout(
             await close()
 
 
+def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGenerationChunk:
+    """Wrap a chunk to yield; the received generation is reused when it carries it."""
+    if chunk is received.message:
+        return received
+    return ChatGenerationChunk(message=chunk)
+
+
 def _whole_message_chunk(message: BaseMessage) -> ChatGenerationChunk:
     """Turn a non-streamed inner answer into one terminal chunk."""
     ai = cast(AIMessage, message)
@@ -721,7 +728,7 @@ class RecoveringChatModel(BaseChatModel):
                 for generation in self._inner_chunks(turn, request):
                     out, due = turn.on_chunk(generation)
                     for chunk in out:
-                        yield ChatGenerationChunk(message=chunk)
+                        yield _generation(chunk, generation)
                     if due:
                         self._save(turn)
                 turn.check_complete()
@@ -849,7 +856,7 @@ class RecoveringChatModel(BaseChatModel):
                 async for generation in self._ainner_chunks(turn, request):
                     out, due = turn.on_chunk(generation)
                     for chunk in out:
-                        yield ChatGenerationChunk(message=chunk)
+                        yield _generation(chunk, generation)
                     if due:
                         await self._asave(turn)
                 turn.check_complete()
