@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -186,6 +187,19 @@ class ContinuingModel(BaseChatModel):
     """Async only: give other tasks a turn after this many chunks (0 never)."""
 
     _interruptions: list[Interruption] = PrivateAttr(default_factory=list)
+    _requests: list[float] = PrivateAttr(default_factory=list)
+    _request_cpu: list[float] = PrivateAttr(default_factory=list)
+    _gate: threading.Event | None = PrivateAttr(default=None)
+
+    def break_when(self, gate: threading.Event) -> None:
+        """Break a first attempt only once ``gate`` is set.
+
+        The sync wrapper reads the inner stream in a pump thread that runs
+        ahead of the caller; the caller sets the gate when it has received the
+        whole prefix, so the break reaches a wrapper that has caught up, as it
+        does when chunks come over a network.
+        """
+        self._gate = gate
 
     @property
     def _llm_type(self) -> str:
@@ -196,12 +210,24 @@ class ContinuingModel(BaseChatModel):
         """Every break, with the moment the following request arrived."""
         return self._interruptions
 
+    @property
+    def requests(self) -> list[float]:
+        """The moment (``time.perf_counter()``) each request arrived."""
+        return self._requests
+
+    @property
+    def request_cpu(self) -> list[float]:
+        """The process CPU time (``time.process_time()``) when each request arrived."""
+        return self._request_cpu
+
     def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
         raise NotImplementedError("ContinuingModel only streams")
 
     def _plan(self, messages: list[BaseMessage]) -> tuple[str, int, int | None]:
         """Return the answer, where this attempt starts in it, and where it breaks."""
         now = time.perf_counter()
+        self._requests.append(now)
+        self._request_cpu.append(time.process_time())
         if self._interruptions and self._interruptions[-1].continued_at is None:
             self._interruptions[-1].continued_at = now
         prefix = ""
@@ -232,6 +258,8 @@ class ContinuingModel(BaseChatModel):
         for piece in self._pieces(answer, start, stop):
             yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
         if stop is not None:
+            if self._gate is not None and not self._gate.wait(timeout=60):
+                raise RuntimeError("the caller never received the prefix")
             raise self._broke()
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
@@ -356,10 +384,8 @@ def store_names(*, redis: bool = True) -> list[str]:
     return names
 
 
-def make_store(
-    name: str, directory: Path, redis: RedisServer | None = None
-) -> StreamCheckpointStore:
-    """Build the named store over ``directory`` (or the given Redis server)."""
+def make_store(name: str, directory: Path, redis_url: str | None = None) -> StreamCheckpointStore:
+    """Build the named store over ``directory`` (or the Redis server at ``redis_url``)."""
     if name == "memory":
         return InMemoryStreamCheckpointStore(max_checkpoint_bytes=LARGE)
     if name == "file":
@@ -367,12 +393,11 @@ def make_store(
     if name == "diskcache":
         return DiskCacheStreamCheckpointStore(directory, max_checkpoint_bytes=LARGE)
     if name == "redis":
-        if redis is None:
-            raise ValueError("the redis store needs a running RedisServer")
+        if redis_url is None:
+            raise ValueError("the redis store needs the URL of a running redis-server")
         from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 
-        prefix = f"bench-{os.getpid()}-{time.monotonic_ns()}"
-        return RedisStreamCheckpointStore(redis.url, prefix=prefix, max_checkpoint_bytes=LARGE)
+        return RedisStreamCheckpointStore(redis_url, prefix="bench", max_checkpoint_bytes=LARGE)
     raise ValueError(f"unknown store {name!r}; choose from memory, file, diskcache, redis")
 
 

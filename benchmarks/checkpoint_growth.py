@@ -56,7 +56,7 @@ def measure(
     store_name: str, tokens: int, directory: Path, server: RedisServer | None = None
 ) -> Row:
     """Stream one turn of ``tokens`` tokens into a fresh store and measure the writes."""
-    store = TimedStore(make_store(store_name, directory, server))
+    store = TimedStore(make_store(store_name, directory, server.url if server else None))
     try:
         model = RecoveringChatModel(
             model=TokenStreamModel(tokens=tokens), store=store, stream_idle_timeout=None
