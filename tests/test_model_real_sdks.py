@@ -229,7 +229,9 @@ async def test_interruption_after_output_is_continued_without_repeating_text(
     assert continuation[-1]["role"] == "user"
     assert DEFAULT_CONTINUATION_PROMPT in json.dumps(continuation[-1])
     prefix = _text_of(continuation[-2]["content"])
-    assert prefix and ANSWER.startswith(prefix) and prefix == prefix.rstrip()
+    assert prefix
+    assert ANSWER.startswith(prefix)
+    assert prefix == prefix.rstrip()
     awaken = final(chunks).response_metadata["awaken"]
     assert awaken["plans"] == ["R1"]
     assert DEFAULT_CONTINUATION_PROMPT not in joined(chunks)
