@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from pydantic import BaseModel
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamInterruptedError
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
@@ -337,3 +338,26 @@ async def test_invoke_goes_through_the_same_recovery(
     message = await model.ainvoke([HumanMessage("Tell me about the fox")])
     assert message.content == ANSWER
     assert message.response_metadata["awaken"]["plans"] == ["R1"]
+
+
+class Answer(BaseModel):
+    """An answer."""
+
+    value: int
+
+
+async def test_structured_output_keeps_the_wrapper_and_recovers(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    if provider == "openai":
+        good = Scenario(text='{"value": 42}')
+    else:
+        good = Scenario(tool_calls=[ScriptedToolCall("Answer", {"value": 42}, id="toolu_1")])
+    server.enqueue(Scenario(fault=Fault.overloaded()), good)
+    structured = wrapper(provider, server, sleeps).with_structured_output(Answer)
+    if mode == "sync":
+        result = structured.invoke("the answer")
+    else:
+        result = await structured.ainvoke("the answer")
+    assert result == Answer(value=42)
+    assert len(server.requests) == 2
