@@ -6,6 +6,7 @@ Backends come from ``STORE_BACKENDS`` in ``conftest.py``.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -186,6 +187,43 @@ def test_resumed_writer_extends_the_stored_checkpoint(store_factory: StoreFactor
     got = store_factory().get("run-1")
     assert got is not None
     assert (got.partial_text, got.epoch) == ("partial answer, done", epoch)
+
+
+def test_threads_writing_different_runs_lose_nothing(store: StreamCheckpointStore) -> None:
+    def write(worker: int) -> str:
+        text = ""
+        for step in range(25):
+            text += f"<{worker}.{step}>"
+            store.put(make_checkpoint(f"run-{worker}", text))
+        return text
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        expected = list(pool.map(write, range(4)))
+    for worker, text in enumerate(expected):
+        got = store.get(f"run-{worker}")
+        assert got is not None
+        assert got.partial_text == text
+
+
+def test_racing_unfenced_writers_never_mix_their_texts(store_factory: StoreFactory) -> None:
+    stores = [store_factory() for _ in range(2)] if store_factory.backend.durable else []
+    shared = store_factory()
+
+    def write(worker: int) -> None:
+        store = stores[worker % 2] if stores else shared
+        text = f"T{worker}|"
+        for _ in range(30):
+            text += f"<{worker}>"
+            store.put(make_checkpoint(text=text))
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(write, range(4)))
+    got = shared.get("run-1")
+    assert got is not None
+    worker = int(got.partial_text[1])
+    body = got.partial_text[len(f"T{worker}|") :]
+    assert body == f"<{worker}>" * (len(body) // len(f"<{worker}>"))
+    assert body
 
 
 # -- fencing ---------------------------------------------------------------------------

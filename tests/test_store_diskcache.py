@@ -144,3 +144,30 @@ def test_unopenable_directory_is_a_store_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(StreamCheckpointError, match="open failed"):
         DiskCacheStreamCheckpointStore(blocker / "cache")
+
+
+def test_damaged_database_is_a_store_error(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    DiskCacheStreamCheckpointStore(directory).close()
+    for path in directory.glob("cache.db*"):
+        path.write_bytes(b"this is not an SQLite database" * 100)
+    with pytest.raises(StreamCheckpointError, match="DatabaseError"):
+        DiskCacheStreamCheckpointStore(directory)
+
+
+def test_delete_and_gc_leave_only_epoch_counters(tmp_path: Path) -> None:
+    now = [1000.0]
+    directory = tmp_path / "cache"
+    with DiskCacheStreamCheckpointStore(directory, ttl=10, clock=lambda: now[0]) as store:
+        for run_id in ("deleted", "expired"):
+            epoch = store.claim(run_id)
+            text = ""
+            for _ in range(40):
+                text += "token "
+                store.put(StreamCheckpoint(run_id=run_id, partial_text=text, epoch=epoch))
+        store.delete("deleted")
+        now[0] += 11
+        assert store.gc() == 1
+    with diskcache.Cache(str(directory)) as raw:
+        keys = sorted(raw.iterkeys())
+    assert keys == [b"e\x00deleted", b"e\x00expired"]

@@ -104,3 +104,30 @@ def test_rewrite_replaces_the_log(tmp_path: Path) -> None:
         log = log_of(tmp_path).read_bytes()
         assert b"other text" in log
         assert b"first text" not in log
+
+
+def test_backend_failure_is_a_store_error_naming_run_and_cause(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    with FileStreamCheckpointStore(directory) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="text"))
+        for path in directory.iterdir():
+            path.unlink()
+        directory.rmdir()
+        with pytest.raises(StreamCheckpointError, match="FileNotFoundError") as caught:
+            store.put(StreamCheckpoint(run_id="run-1", partial_text="other"))
+        assert caught.value.run_id == "run-1"
+        assert isinstance(caught.value.cause, FileNotFoundError)
+
+
+def test_delete_and_gc_leave_only_epoch_files(tmp_path: Path) -> None:
+    now = [1000.0]
+    with FileStreamCheckpointStore(tmp_path, ttl=10, clock=lambda: now[0]) as store:
+        for run_id in ("deleted", "expired"):
+            epoch = store.claim(run_id)
+            store.put(StreamCheckpoint(run_id=run_id, partial_text="a", epoch=epoch))
+            store.put(StreamCheckpoint(run_id=run_id, partial_text="ab", epoch=epoch))
+        store.delete("deleted")
+        now[0] += 11
+        assert store.gc() == 1
+    suffixes = sorted(path.suffix or path.name for path in tmp_path.iterdir())
+    assert suffixes == [".epoch", ".epoch", ".lock"]
