@@ -171,3 +171,19 @@ def test_delete_and_gc_leave_only_epoch_counters(tmp_path: Path) -> None:
     with diskcache.Cache(str(directory)) as raw:
         keys = sorted(raw.iterkeys())
     assert keys == [b"e\x00deleted", b"e\x00expired"]
+
+
+def test_lock_held_too_long_names_the_timeout_setting(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    with (
+        DiskCacheStreamCheckpointStore(directory, timeout=0.05) as store,
+        diskcache.Cache(str(directory)) as other,
+    ):
+        other._sql("BEGIN IMMEDIATE")  # another process holding the write lock
+        try:
+            with pytest.raises(StreamCheckpointError, match=r"timeout=0.05 s") as caught:
+                store.claim("run-1")
+            assert caught.value.run_id == "run-1"
+        finally:
+            other._sql("ROLLBACK")
+        assert store.claim("run-1") == 1
