@@ -28,6 +28,8 @@ from awaken_langchain.stores._base import run_id_bytes
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]
+
 
 class FakeClock:
     """A settable wall clock for TTL tests."""

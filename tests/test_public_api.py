@@ -8,13 +8,19 @@ def test_public_names_are_pinned() -> None:
             "DiskCacheStreamCheckpointStore",
             "FileStreamCheckpointStore",
             "InMemoryStreamCheckpointStore",
+            "ErrorInfo",
+            "ErrorKind",
+            "RecoveringChatModel",
+            "RetryPolicy",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
             "StreamCheckpointStore",
+            "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
             "__version__",
+            "classify_error",
         ]
     )
 
