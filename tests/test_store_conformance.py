@@ -362,6 +362,29 @@ def test_epochs_are_monotonic_across_processes(store_factory: StoreFactory) -> N
     assert store.claim("run-1") > theirs
 
 
+@pytest.mark.slow
+def test_replacement_process_resumes_the_turn_and_fences_the_old_writer(
+    store_factory: StoreFactory,
+) -> None:
+    durable(store_factory)
+    store = store_factory()
+    old = store.claim("run-1")
+    store.put(make_checkpoint(text="The answer", epoch=old))
+    store.put(make_checkpoint(text="The answer is", epoch=old))
+    store_factory.run_child(
+        "epoch = store.claim('run-1')\n"
+        "resumed = store.get('run-1')\n"
+        "assert resumed is not None and resumed.partial_text == 'The answer is'\n"
+        "store.put(resumed.model_copy(update={'partial_text': 'The answer is 42', "
+        "'epoch': epoch}))\n"
+    )
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(text="The answer is 7", epoch=old))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("The answer is 42", old + 1)
+
+
 # -- TTL, listing, gc ------------------------------------------------------------------
 
 
