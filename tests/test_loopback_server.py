@@ -101,6 +101,12 @@ def drain_text(stream: Any, received: list[str]) -> None:
         received.append(chunk.text)
 
 
+async def adrain_text(stream: Any, received: list[str]) -> None:
+    """Consume a LangChain async stream, keeping each chunk's text as it arrives."""
+    async for chunk in stream:
+        received.append(chunk.text)
+
+
 def collect(iterable: Any, into: list[Any]) -> None:
     """Consume ``iterable``, keeping each item as it arrives (even if it then fails)."""
     for item in iterable:
@@ -456,6 +462,29 @@ def test_short_stall_then_stream_completes(server: LoopbackProvider) -> None:
     assert merge(list(chat_anthropic(server).stream("hi"))).text == TEXT
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_keepalive_stall_outlasts_read_timeout_without_new_chunks(
+    server: LoopbackProvider, provider: str
+) -> None:
+    stall = Fault.stall(0.5, after_events=3, keepalive=0.05)
+    server.enqueue(Scenario(text=TEXT, fault=stall))
+    model = (
+        chat_openai(server, timeout=0.25)
+        if provider == "openai"
+        else chat_anthropic(server, default_request_timeout=0.25)
+    )
+    gaps: list[float] = []
+    last = time.monotonic()
+    chunks = []
+    for chunk in model.stream("hi"):
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+        chunks.append(chunk)
+    assert merge(chunks).text == TEXT
+    assert max(gaps) >= 0.45
+
+
 def test_stop_ends_a_stall_promptly() -> None:
     server = LoopbackProvider([Scenario(text=TEXT, fault=Fault.stall(60, after_events=1))])
     server.start()
@@ -760,6 +789,22 @@ def test_standalone_module_serves_until_terminated() -> None:
         assert process.wait(timeout=10) == 0
 
 
+async def test_async_clients_observe_mid_stream_faults(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(4)))
+    received: list[str] = []
+    with pytest.raises(httpx2.RemoteProtocolError):
+        await adrain_text(chat_anthropic(server).astream("hi"), received)
+    assert "".join(received) == TEXT[:8]
+    server.enqueue(Scenario(text=TEXT, fault=Fault.error_event(after_events=3)))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await adrain_text(chat_anthropic(server).astream("hi"), [])
+    assert caught.value.status_code == 200
+    server.enqueue(Scenario(fault=Fault.rate_limited(retry_after_ms=250)))
+    with pytest.raises(openai.RateLimitError) as limited:
+        await adrain_text(chat_openai(server).astream("hi"), [])
+    assert limited.value.response.headers["retry-after-ms"] == "250"
+
+
 # -- non-streamed requests under faults -----------------------------------------------
 
 
@@ -923,6 +968,20 @@ def test_plan_stall_pauses_after_the_given_event() -> None:
         b"bb",
         9,
         b"ccc",
+    ]
+
+
+def test_plan_stall_with_keepalive_interleaves_keepalive_writes() -> None:
+    stall = Fault.stall(0.25, after_events=1, keepalive=0.1)
+    steps = plan_stream(FRAMES[:2], stall, keepalive=Frame(b"K"))
+    assert [getattr(s, "data", getattr(s, "seconds", None)) for s in steps] == [
+        b"a",
+        0.1,
+        b"K",
+        0.1,
+        b"K",
+        pytest.approx(0.05),
+        b"bb",
     ]
 
 

@@ -84,6 +84,7 @@ from awaken_langchain.testing._wire import (
     error_body,
     error_frame,
     estimate_usage,
+    keepalive_frame,
     malformed_frame,
     openai_completion,
     openai_frames,
@@ -484,6 +485,7 @@ def plan_stream(
     *,
     delay: float = 0.0,
     extra: Frame | None = None,
+    keepalive: Frame | None = None,
 ) -> list[_Step]:
     """Turn rendered SSE frames and a fault into the exact steps sent on the wire.
 
@@ -492,6 +494,7 @@ def plan_stream(
         fault: The fault to apply, if any.
         delay: Seconds to pause between events.
         extra: The error or malformed frame for ``ERROR_EVENT``/``MALFORMED_SSE``.
+        keepalive: The frame sent during a stall with ``Fault.keepalive`` set.
 
     Returns:
         Body writes, pauses and at most one final drop. A plan without a drop
@@ -522,16 +525,31 @@ def plan_stream(
             sent = list(frames[:count])
     else:
         sent = list(frames)
+    stall = _stall_steps(fault, keepalive) if kind is FaultKind.STALL else []
     steps: list[_Step] = []
     for i, frame in enumerate(sent):
         if i and delay:
             steps.append(_Pause(delay))
-        if kind is FaultKind.STALL and fault is not None and i == count:
-            steps.append(_Pause(fault.seconds))
+        if i == count:
+            steps.extend(stall)
         steps.append(_Write(frame.data))
-    if kind is FaultKind.STALL and fault is not None and count >= len(sent):
-        steps.append(_Pause(fault.seconds))
+    if count >= len(sent):
+        steps.extend(stall)
     return steps + tail
+
+
+def _stall_steps(fault: Fault | None, keepalive: Frame | None) -> list[_Step]:
+    """A stall's pause, split by keep-alive writes when the fault asks for them."""
+    if fault is None:
+        return []
+    if fault.keepalive is None or keepalive is None:
+        return [_Pause(fault.seconds)]
+    steps: list[_Step] = []
+    remaining = fault.seconds
+    while remaining > fault.keepalive:
+        steps += [_Pause(fault.keepalive), _Write(keepalive.data)]
+        remaining -= fault.keepalive
+    return [*steps, _Pause(remaining)]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -664,7 +682,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif fault is not None and fault.kind is FaultKind.MALFORMED_SSE:
             extra = malformed_frame(provider)
-        steps = plan_stream(frames, fault, delay=scenario.delay, extra=extra)
+        steps = plan_stream(
+            frames, fault, delay=scenario.delay, extra=extra, keepalive=keepalive_frame(provider)
+        )
 
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
