@@ -5,13 +5,22 @@ def test_public_names_are_pinned() -> None:
     assert sorted(awaken_langchain.__all__) == sorted(
         [
             "AwakenError",
+            "DiskCacheStreamCheckpointStore",
+            "FileStreamCheckpointStore",
+            "InMemoryStreamCheckpointStore",
+            "ErrorInfo",
+            "ErrorKind",
+            "RecoveringChatModel",
+            "RetryPolicy",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
             "StreamCheckpointStore",
+            "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
             "__version__",
+            "classify_error",
         ]
     )
 

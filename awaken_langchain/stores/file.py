@@ -1,0 +1,385 @@
+"""A plain-files store for one owning process: append-only logs, temp file + rename."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import struct
+import sys
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
+from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.stores._base import (
+    MEMO_LIMIT,
+    DeltaCheckpointStore,
+    Head,
+    LastWrite,
+    check_epoch,
+    corrupted,
+    decode_head,
+    new_write_id,
+    run_id_bytes,
+)
+
+if sys.platform != "win32":
+    import fcntl
+else:  # pragma: no cover - exercised on Windows only
+    fcntl = None
+
+logger = logging.getLogger("awaken_langchain")
+
+_LOG_SUFFIX = ".log"
+_EPOCH_SUFFIX = ".epoch"
+_TMP_PREFIX = ".tmp-"
+_LOCK_NAME = ".lock"
+
+_FRAME = struct.Struct(">4sIII")
+"""Frame header: magic, head length, text delta length, CRC-32 of header lengths + payload."""
+_MAGIC = b"AWK1"
+
+COMPACT_SLACK = 64 * 1024
+"""A log is rewritten once it exceeds twice its live content plus this many bytes."""
+
+
+def encode_frame(head: bytes, delta: bytes) -> bytes:
+    """Encode one log frame: a head and the text bytes it appends."""
+    lengths = struct.pack(">II", len(head), len(delta))
+    crc = zlib.crc32(delta, zlib.crc32(head, zlib.crc32(lengths)))
+    return _FRAME.pack(_MAGIC, len(head), len(delta), crc) + head + delta
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """Where this instance last saw a run's log: for appending without reading it."""
+
+    write_id: str
+    inode: int
+    last_frame: int
+    end: int
+
+
+class _Log:
+    """A parsed run log: the last intact head, the text, and where frames lie."""
+
+    def __init__(self, data: bytes, *, run_id: str) -> None:
+        view = memoryview(data)
+        parts: list[memoryview] = []
+        head: bytes | None = None
+        position = last = 0
+        while position + _FRAME.size <= len(view):
+            magic, head_len, delta_len, crc = _FRAME.unpack_from(view, position)
+            start = position + _FRAME.size
+            end = start + head_len + delta_len
+            if magic != _MAGIC or end > len(view):
+                break
+            lengths = struct.pack(">II", head_len, delta_len)
+            if zlib.crc32(view[start:end], zlib.crc32(lengths)) != crc:
+                break
+            head = bytes(view[start : start + head_len])
+            parts.append(view[start + head_len : end])
+            last, position = position, end
+        if head is None:
+            raise corrupted(run_id, "the log has no intact frame")
+        if position != len(view):
+            logger.warning(
+                "checkpoint log of run %r ends with %d bytes of an interrupted or damaged "
+                "write; reading the last intact checkpoint",
+                run_id[:80],
+                len(view) - position,
+            )
+        self.raw_head = head
+        self.text = b"".join(parts)
+        self.last_frame = last
+        self.end = position
+
+
+class FileStreamCheckpointStore(DeltaCheckpointStore):
+    """Checkpoints as files in a directory owned by one process.
+
+    Each run has a log file and an epoch file, both named by the SHA-256 of
+    the run id, so no run id (``/``, ``..``, very long ids) can name a path
+    outside the directory. The log is a sequence of checksummed frames, each a
+    head plus the text it appends: a put that extends the text appends one
+    small frame and fsyncs it; any other put (and a log grown to twice its live
+    content) writes a new log with one frame via temp file, fsync, rename and
+    directory fsync. A crash can tear only the last frame; reading stops at the
+    last intact frame, so the previous checkpoint stays readable. Files are
+    0600, the directory 0700.
+
+    The store is meant for one owning process. Every operation also takes an
+    advisory lock on ``<directory>/.lock``, so another process (an operator
+    listing or deleting checkpoints) never corrupts anything.
+
+    Args:
+        directory: The directory to keep checkpoints in; dedicate it to them.
+        ttl: Seconds after its last write when a checkpoint expires, or ``None``.
+        max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
+        clock: Wall-clock time source, injectable for tests.
+        fsync: Whether to fsync files and the directory (turn off only for
+            throwaway data).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        ttl: float | None = None,
+        max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
+        clock: Callable[[], float] = time.time,
+        fsync: bool = True,
+    ) -> None:
+        super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        self.directory = Path(directory)
+        self._fsync = fsync
+        self._thread_lock = threading.RLock()
+        self._lock_fd: int | None = None
+        self._cursors: OrderedDict[str, _Cursor] = OrderedDict()
+        with self._backend_errors("open", None):
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.directory, 0o700)
+            self._lock_fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+
+    def close(self) -> None:
+        """Release the lock file descriptor."""
+        with self._thread_lock:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    # -- files --------------------------------------------------------------------
+
+    @staticmethod
+    def _stem(run_id: str) -> str:
+        return hashlib.sha256(run_id_bytes(run_id)).hexdigest()
+
+    def _path(self, run_id: str, suffix: str) -> Path:
+        return self.directory / (self._stem(run_id) + suffix)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._thread_lock:
+            if self._lock_fd is None:
+                raise RuntimeError("the store is closed")
+            if fcntl is not None:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                if fcntl is not None:
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _sync(self, fd: int) -> None:
+        if self._fsync:
+            os.fsync(fd)
+
+    def _sync_directory(self) -> None:
+        if self._fsync and sys.platform != "win32":
+            fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    @staticmethod
+    def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+        view = memoryview(data)
+        while view:
+            if offset is None:
+                count = os.write(fd, view)
+            else:
+                count = os.pwrite(fd, view, offset)
+                offset += count
+            view = view[count:]
+
+    def _replace_file(self, path: Path, data: bytes) -> int:
+        """Atomically replace ``path`` with ``data``; return the new file's inode."""
+        tmp = self.directory / f"{_TMP_PREFIX}{new_write_id()}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                self._write_all(fd, data)
+                self._sync(fd)
+                inode = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        self._sync_directory()
+        return inode
+
+    @staticmethod
+    def _read(path: Path) -> bytes | None:
+        try:
+            with open(path, "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def _epoch(self, run_id: str) -> int:
+        raw = self._read(self._path(run_id, _EPOCH_SUFFIX))
+        if raw is None:
+            return 0
+        obj = decode_json(raw, run_id=run_id)
+        if not isinstance(obj, dict) or obj.get("run_id") != run_id:
+            raise corrupted(run_id, "epoch file does not belong to this run id")
+        epoch = obj.get("epoch")
+        if type(epoch) is not int or epoch < 0:
+            raise corrupted(run_id, "epoch file holds no epoch")
+        return epoch
+
+    def _set_cursor(self, run_id: str, cursor: _Cursor | None) -> None:
+        """Record (or forget) where a run's log ends; call with the lock held."""
+        self._cursors.pop(run_id, None)
+        if cursor is not None:
+            self._cursors[run_id] = cursor
+            while len(self._cursors) > MEMO_LIMIT:
+                self._cursors.popitem(last=False)
+
+    def _log(self, run_id: str) -> tuple[_Log, int] | None:
+        """Read and parse the run's log; return it with the file's inode."""
+        try:
+            with open(self._path(run_id, _LOG_SUFFIX), "rb") as handle:
+                inode = os.fstat(handle.fileno()).st_ino
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        return _Log(data, run_id=run_id), inode
+
+    # -- primitives -------------------------------------------------------------
+
+    def _backend_claim(self, run_id: str) -> int:
+        with self._locked():
+            epoch = self._epoch(run_id) + 1
+            self._replace_file(
+                self._path(run_id, _EPOCH_SUFFIX), encode_json({"run_id": run_id, "epoch": epoch})
+            )
+        return epoch
+
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
+        run_id = head.run_id
+        frame = encode_frame(head.encode(), text)
+        with self._locked():
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            self._set_cursor(run_id, None)
+            inode = self._replace_file(self._path(run_id, _LOG_SUFFIX), frame)
+            self._set_cursor(run_id, _Cursor(head.write_id, inode, 0, len(frame)))
+        return head
+
+    def _backend_append(
+        self, head: Head, delta: bytes, epoch: int, expect: LastWrite
+    ) -> Head | None:
+        run_id = head.run_id
+        frame = encode_frame(head.encode(), delta)
+        with self._locked():
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            cursor = self._cursors.get(run_id)
+            if cursor is None or cursor.write_id != expect.write_id:
+                return None
+            if cursor.end + len(frame) > 2 * (head.text_bytes + len(head.encode())) + COMPACT_SLACK:
+                return None  # compact: the caller rewrites the log as one frame
+            try:
+                fd = os.open(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            try:
+                stat = os.fstat(fd)
+                if stat.st_ino != cursor.inode or stat.st_size != cursor.end:
+                    return None  # another writer replaced or extended the log
+                if not self._frame_has_write_id(fd, cursor.last_frame, expect.write_id):
+                    return None
+                self._set_cursor(run_id, None)
+                self._write_all(fd, frame, cursor.end)
+                self._sync(fd)
+            finally:
+                os.close(fd)
+            end = cursor.end + len(frame)
+            self._set_cursor(run_id, _Cursor(head.write_id, cursor.inode, cursor.end, end))
+        return head
+
+    @staticmethod
+    def _frame_has_write_id(fd: int, offset: int, write_id: str) -> bool:
+        """Tell whether the frame at ``offset`` holds a head with ``write_id``."""
+        header = os.pread(fd, _FRAME.size, offset)
+        if len(header) != _FRAME.size:
+            return False
+        magic, head_len, _, _ = _FRAME.unpack(header)
+        if magic != _MAGIC:
+            return False
+        raw = os.pread(fd, head_len, offset + _FRAME.size)
+        try:
+            obj = decode_json(raw)
+        except StreamCheckpointError:
+            return False
+        return isinstance(obj, dict) and obj.get("write_id") == write_id
+
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+        with self._locked():
+            found = self._log(run_id)
+            if found is None:
+                return None
+            log, inode = found
+            head = decode_head(log.raw_head, run_id=run_id)
+            self._set_cursor(run_id, _Cursor(head.write_id, inode, log.last_frame, log.end))
+        return head, log.text
+
+    def _backend_delete(
+        self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
+    ) -> bool:
+        with self._locked():
+            if epoch is not None:
+                check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
+            path = self._path(run_id, _LOG_SUFFIX)
+            if condition is not None:
+                found = self._log(run_id)
+                if found is None or not condition(decode_head(found[0].raw_head, run_id=run_id)):
+                    return False
+            self._set_cursor(run_id, None)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+            self._sync_directory()
+        return True
+
+    def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
+        found = []
+        with self._locked():
+            for entry in os.scandir(self.directory):
+                if not entry.name.endswith(_LOG_SUFFIX):
+                    continue
+                data = self._read(Path(entry.path))
+                if data is None:
+                    continue
+                try:
+                    raw = _Log(data, run_id=entry.name).raw_head
+                    obj = decode_json(raw)
+                except StreamCheckpointError:
+                    continue  # no run id can be recovered from it
+                fields = obj.get("checkpoint") if isinstance(obj, dict) else None
+                run_id = fields.get("run_id") if isinstance(fields, dict) else None
+                if isinstance(run_id, str) and self._stem(run_id) + _LOG_SUFFIX == entry.name:
+                    found.append((run_id, raw))
+        return found
+
+    def _backend_cleanup(self) -> None:
+        """Remove temp files left by writes that crashed before their rename."""
+        with self._locked():
+            for entry in os.scandir(self.directory):
+                if entry.name.startswith(_TMP_PREFIX):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+
+__all__ = ["FileStreamCheckpointStore", "encode_frame"]
