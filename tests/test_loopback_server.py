@@ -564,6 +564,7 @@ def test_each_retry_is_recorded_as_its_own_request(server: LoopbackProvider) -> 
     assert reply.choices[0].message.content == "after retry"
     assert [r.scenario.fault is not None for r in server.requests if r.scenario] == [True, False]
     assert [r.headers["x-stainless-retry-count"] for r in server.requests] == ["0", "1"]
+    assert 0 <= server.requests[1].received_at - server.requests[0].received_at < 5
 
 
 def test_empty_queue_answers_with_default_scenario(server: LoopbackProvider) -> None:

@@ -54,7 +54,9 @@ import logging
 import signal
 import socket
 import struct
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -132,6 +134,8 @@ class RecordedRequest:
         scenario: The scenario that answered, or ``None`` when the request was
             rejected (unknown path, invalid JSON, shape rule).
         rejected_by: The name of the shape rule the request broke, if any.
+        received_at: ``time.monotonic()`` when the request was read, so tests
+            can measure the wait between a failure and its retry.
     """
 
     number: int
@@ -144,6 +148,7 @@ class RecordedRequest:
     provider: Provider | None
     scenario: Scenario | None = None
     rejected_by: str | None = None
+    received_at: float = 0.0
 
     @property
     def stream(self) -> bool:
@@ -460,6 +465,15 @@ class _HTTPServer(ThreadingHTTPServer):
         self.provider = provider
         super().__init__(address, handler)
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Log a failed connection instead of printing a traceback to stderr."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            # Clients reset pooled connections and abandon streams: that is normal here.
+            logger.debug("connection from %s ended: %r", client_address, error)
+        else:
+            logger.error("error answering %s", client_address, exc_info=error)
+
 
 @dataclass(frozen=True)
 class _Write:
@@ -603,6 +617,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raw_body=raw,
                 body=body,
                 provider=provider,
+                received_at=time.monotonic(),
             )
         )
         request_id = f"req_loopback_{request.number}"
