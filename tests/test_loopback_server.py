@@ -23,6 +23,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk,
 from langchain_openai import ChatOpenAI
 
 from awaken_langchain.testing import (
+    DEFAULT_SHAPE_RULES,
     NO_ASSISTANT_PREFILL,
     Fault,
     LoopbackProvider,
@@ -466,12 +467,13 @@ def test_short_stall_then_stream_completes(server: LoopbackProvider) -> None:
 def test_keepalive_stall_outlasts_read_timeout_without_new_chunks(
     server: LoopbackProvider, provider: str
 ) -> None:
-    stall = Fault.stall(0.5, after_events=3, keepalive=0.05)
+    # Margins are wide so a loaded machine cannot turn a late keep-alive into a timeout.
+    stall = Fault.stall(0.8, after_events=3, keepalive=0.05)
     server.enqueue(Scenario(text=TEXT, fault=stall))
     model = (
-        chat_openai(server, timeout=0.25)
+        chat_openai(server, timeout=0.4)
         if provider == "openai"
-        else chat_anthropic(server, default_request_timeout=0.25)
+        else chat_anthropic(server, default_request_timeout=0.4)
     )
     gaps: list[float] = []
     last = time.monotonic()
@@ -482,7 +484,7 @@ def test_keepalive_stall_outlasts_read_timeout_without_new_chunks(
         last = now
         chunks.append(chunk)
     assert merge(chunks).text == TEXT
-    assert max(gaps) >= 0.45
+    assert max(gaps) >= 0.7
 
 
 def test_stop_ends_a_stall_promptly() -> None:
@@ -731,6 +733,29 @@ def test_openai_rejects_tool_message_without_preceding_call(server: LoopbackProv
             ],
         )
     assert server.requests[0].rejected_by == "openai.tool_message_follows_call"
+
+
+def test_openai_rejects_assistant_message_without_content_or_tool_calls(
+    server: LoopbackProvider,
+) -> None:
+    with pytest.raises(openai.BadRequestError, match="got null"):
+        openai_client(server).chat.completions.create(
+            model=OPENAI_MODEL,
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None},
+                {"role": "user", "content": "go on"},
+            ],
+        )
+    assert server.requests[0].rejected_by == "openai.assistant_has_content"
+
+
+def test_default_shape_rules_are_documented_and_uniquely_named() -> None:
+    names = [rule.name for rule in DEFAULT_SHAPE_RULES]
+    assert len(names) == len(set(names))
+    for rule in DEFAULT_SHAPE_RULES:
+        assert rule.name.startswith(rule.provider + ".")
+        assert rule.description.endswith(".")
 
 
 def test_shape_rules_can_be_disabled_and_extended() -> None:
@@ -989,6 +1014,31 @@ def test_plan_stall_with_keepalive_interleaves_keepalive_writes() -> None:
 def test_plan_error_event_replaces_the_rest_of_the_stream() -> None:
     steps = plan_stream(FRAMES, Fault.error_event(after_events=1), extra=Frame(b"ERR"))
     assert writes(steps) == [b"a", b"ERR"]
+
+
+def test_server_public_names_are_exported_from_testing() -> None:
+    import awaken_langchain.testing as testing
+    import awaken_langchain.testing.server as module
+
+    assert sorted(module.__all__) == [
+        "DEFAULT_SHAPE_RULES",
+        "Fault",
+        "FaultKind",
+        "LoopbackProvider",
+        "NO_ASSISTANT_PREFILL",
+        "Provider",
+        "RecordedRequest",
+        "Responder",
+        "Scenario",
+        "ScriptedToolCall",
+        "ShapeRule",
+        "TokenUsage",
+        "echo_responder",
+        "periodic_fault",
+    ]
+    for name in module.__all__:
+        assert name in testing.__all__
+        assert getattr(testing, name) is getattr(module, name)
 
 
 def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
