@@ -797,6 +797,7 @@ def test_standalone_module_serves_until_terminated() -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "awaken_langchain.testing.server", "--port", "0", "--echo"],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
@@ -812,7 +813,9 @@ def test_standalone_module_serves_until_terminated() -> None:
         assert reply.choices[0].message.content == "You said: standalone"
     finally:
         process.terminate()
-        assert process.wait(timeout=10) == 0
+        _, errors = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert "Warning" not in errors
 
 
 async def test_async_clients_observe_mid_stream_faults(server: LoopbackProvider) -> None:

@@ -265,7 +265,8 @@ class Fault:
 
         Streams use chunked transfer encoding, so the client sees an incomplete
         body (``RemoteProtocolError``: peer closed connection without sending
-        complete message body), never a clean end.
+        complete message body), never a clean end. A non-streamed body is cut
+        after ``min(count, length - 1)`` bytes, so it is always incomplete.
 
         Args:
             count: Body bytes sent before the drop (SSE text, not chunk framing).
