@@ -1044,6 +1044,24 @@ def test_server_public_names_are_exported_from_testing() -> None:
         assert getattr(testing, name) is getattr(module, name)
 
 
+def test_testing_package_imports_server_names_in_a_fresh_process() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    source = (
+        "from awaken_langchain.testing import LoopbackProvider, ScriptedChatModel\n"
+        "import awaken_langchain.testing as testing\n"
+        "assert testing.Scenario is not None\n"
+        "try:\n"
+        "    testing.NoSuchName\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "has no attribute 'NoSuchName'" in done.stdout
+
+
 def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     import awaken_langchain.testing.server as module
 

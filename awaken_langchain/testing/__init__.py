@@ -7,6 +7,7 @@
   exceptions and stalls, recording every call.
 """
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from awaken_langchain.testing.scripted import (
@@ -41,8 +42,7 @@ def __getattr__(name: str) -> Any:
     # The server module is imported on first use, so that
     # ``python -m awaken_langchain.testing.server`` runs it without a second copy.
     if not name.startswith("__"):
-        from awaken_langchain.testing import server
-
+        server = importlib.import_module("awaken_langchain.testing.server")
         if name in server.__all__:
             return getattr(server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
