@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import email.utils
 from collections.abc import Generator, Iterator, Sequence
@@ -331,12 +332,15 @@ def test_cancellation_propagates_through_retrying_untouched(cancel: type[BaseExc
     assert fake.sleeps == []
 
 
-def test_classifier_cannot_make_cancellation_retryable() -> None:
+def test_hooks_cannot_make_cancellation_retryable() -> None:
     retry_policy = RetryPolicy(
-        classifier=lambda exc: ErrorInfo(kind=ErrorKind.SERVER, retryable=True)
+        classifier=lambda exc: ErrorInfo(kind=ErrorKind.SERVER, retryable=True),
+        retry_on=BaseException,
     )
-    assert not retry_policy.is_retryable(KeyboardInterrupt())
     assert retry_policy.is_retryable(ValueError())
+    for cancel in (KeyboardInterrupt(), concurrent.futures.CancelledError()):
+        assert retry_policy.classify(cancel).kind is ErrorKind.CANCELLED
+        assert not retry_policy.is_retryable(cancel)
 
 
 def test_closing_a_generator_mid_attempt_is_not_retried() -> None:
