@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import anthropic
 import openai
 import pytest
+import pytest_asyncio
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
@@ -61,58 +62,94 @@ PATHS = [
 # --- consuming a stream through each path ----------------------------------------------
 
 
+@dataclasses.dataclass
+class Clients:
+    """The module's SDK clients, reused across tests like an application reuses them."""
+
+    openai_sync: openai.OpenAI
+    openai_async: openai.AsyncOpenAI
+    anthropic_sync: anthropic.Anthropic
+    anthropic_async: anthropic.AsyncAnthropic
+
+
 @pytest.fixture(scope="module")
 def module_server() -> Iterator[LoopbackProvider]:
     with LoopbackProvider() as server:
         yield server
 
 
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def clients(module_server: LoopbackProvider) -> AsyncIterator[Clients]:
+    openai_url, anthropic_url = module_server.base_url_openai, module_server.base_url_anthropic
+    made = Clients(
+        openai_sync=openai.OpenAI(base_url=openai_url, api_key="test", max_retries=0),
+        openai_async=openai.AsyncOpenAI(base_url=openai_url, api_key="test", max_retries=0),
+        anthropic_sync=anthropic.Anthropic(base_url=anthropic_url, api_key="test", max_retries=0),
+        anthropic_async=anthropic.AsyncAnthropic(
+            base_url=anthropic_url, api_key="test", max_retries=0
+        ),
+    )
+    yield made
+    made.openai_sync.close()
+    made.anthropic_sync.close()
+    await made.openai_async.close()
+    await made.anthropic_async.close()
+
+
+@dataclasses.dataclass
+class Loopback:
+    """The loopback provider and the clients pointed at it."""
+
+    server: LoopbackProvider
+    clients: Clients
+
+
 @pytest.fixture
-def server(module_server: LoopbackProvider) -> Iterator[LoopbackProvider]:
-    """The module's loopback provider, with no queued scenarios or recorded requests."""
+def env(module_server: LoopbackProvider, clients: Clients) -> Iterator[Loopback]:
+    """The module's provider, with no queued scenarios or recorded requests."""
     module_server.reset()
-    yield module_server
+    yield Loopback(module_server, clients)
     module_server.reset()
 
 
-async def consume(path: Path, server: LoopbackProvider, read_timeout: float = TIMEOUT) -> list[Any]:
+async def consume(path: Path, env: Loopback, read_timeout: float = TIMEOUT) -> list[Any]:
     """Stream one answer to the end through ``path``; return the items received.
 
     Sync paths run inline: the server answers from its own threads.
     """
     if path.is_async:
-        return await _aconsume(path, server, read_timeout)
-    return _consume(path, server, read_timeout)
+        return await _aconsume(path, env, read_timeout)
+    return _consume(path, env, read_timeout)
 
 
-def _consume(path: Path, server: LoopbackProvider, read_timeout: float) -> list[Any]:
+def _consume(path: Path, env: Loopback, read_timeout: float) -> list[Any]:
     if path.layer == "langchain":
-        return list(_chat_model(path, server, read_timeout).stream("Say something."))
+        return list(_chat_model(path, env, read_timeout).stream("Say something."))
+    clients = env.clients
     if path.provider == "openai":
-        with openai.OpenAI(
-            base_url=server.base_url_openai, api_key="test", max_retries=0, timeout=read_timeout
-        ) as client:
-            return list(client.chat.completions.create(stream=True, **_OPENAI_REQUEST))
-    with anthropic.Anthropic(
-        base_url=server.base_url_anthropic, api_key="test", max_retries=0, timeout=read_timeout
-    ) as aclient:
-        return list(aclient.messages.create(stream=True, **_ANTHROPIC_REQUEST))
+        chunks = clients.openai_sync.chat.completions.create(
+            stream=True, timeout=read_timeout, **_OPENAI_REQUEST
+        )
+        return list(chunks)
+    events = clients.anthropic_sync.messages.create(
+        stream=True, timeout=read_timeout, **_ANTHROPIC_REQUEST
+    )
+    return list(events)
 
 
-async def _aconsume(path: Path, server: LoopbackProvider, read_timeout: float) -> list[Any]:
+async def _aconsume(path: Path, env: Loopback, read_timeout: float) -> list[Any]:
     if path.layer == "langchain":
-        return [chunk async for chunk in _chat_model(path, server, read_timeout).astream("Say it.")]
+        return [chunk async for chunk in _chat_model(path, env, read_timeout).astream("Say it.")]
+    clients = env.clients
     if path.provider == "openai":
-        async with openai.AsyncOpenAI(
-            base_url=server.base_url_openai, api_key="test", max_retries=0, timeout=read_timeout
-        ) as client:
-            stream = await client.chat.completions.create(stream=True, **_OPENAI_REQUEST)
-            return [chunk async for chunk in stream]
-    async with anthropic.AsyncAnthropic(
-        base_url=server.base_url_anthropic, api_key="test", max_retries=0, timeout=read_timeout
-    ) as aclient:
-        events = await aclient.messages.create(stream=True, **_ANTHROPIC_REQUEST)
-        return [event async for event in events]
+        chunks = await clients.openai_async.chat.completions.create(
+            stream=True, timeout=read_timeout, **_OPENAI_REQUEST
+        )
+        return [chunk async for chunk in chunks]
+    events = await clients.anthropic_async.messages.create(
+        stream=True, timeout=read_timeout, **_ANTHROPIC_REQUEST
+    )
+    return [event async for event in events]
 
 
 _OPENAI_REQUEST: dict[str, Any] = {
@@ -126,32 +163,28 @@ _ANTHROPIC_REQUEST: dict[str, Any] = {
 }
 
 
-def _chat_model(
-    path: Path, server: LoopbackProvider, read_timeout: float
-) -> ChatOpenAI | ChatAnthropic:
+def _chat_model(path: Path, env: Loopback, read_timeout: float) -> ChatOpenAI | ChatAnthropic:
     if path.provider == "openai":
         return ChatOpenAI(
             model="gpt-4o-mini",
-            base_url=server.base_url_openai,
+            base_url=env.server.base_url_openai,
             api_key="test",
             max_retries=0,
             timeout=read_timeout,
         )
     return ChatAnthropic(  # type: ignore[call-arg]
         model_name="claude-loopback-1",
-        base_url=server.base_url_anthropic,
+        base_url=env.server.base_url_anthropic,
         api_key="test",
         max_retries=0,
         default_request_timeout=read_timeout,
     )
 
 
-async def failure(
-    path: Path, server: LoopbackProvider, read_timeout: float = TIMEOUT
-) -> BaseException:
+async def failure(path: Path, env: Loopback, read_timeout: float = TIMEOUT) -> BaseException:
     """Consume through ``path`` and return what it raised."""
     with pytest.raises(Exception) as caught:
-        await consume(path, server, read_timeout)
+        await consume(path, env, read_timeout)
     return caught.value
 
 
@@ -301,25 +334,21 @@ PERMANENT = [
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
 @pytest.mark.parametrize("case", RETRYABLE + PERMANENT, ids=lambda c: c.id)
-async def test_fault_is_classified_by_structure(
-    server: LoopbackProvider, case: Case, path: Path
-) -> None:
-    server.enqueue(Scenario(text=ANSWER, fault=case.fault()))
-    info = classify_error(await failure(path, server, case.read_timeout))
+async def test_fault_is_classified_by_structure(env: Loopback, case: Case, path: Path) -> None:
+    env.server.enqueue(Scenario(text=ANSWER, fault=case.fault()))
+    info = classify_error(await failure(path, env, case.read_timeout))
     assert (info.kind, info.retryable) == (case.expected_kind(path), case.retryable)
     if case.retry_after is not None:
         low, high = case.retry_after
         assert info.retry_after is not None
         assert low <= info.retry_after <= high
-    assert len(server.requests) == 1
+    assert len(env.server.requests) == 1
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
-async def test_anthropic_overload_event_keeps_status_200(
-    server: LoopbackProvider, path: Path
-) -> None:
-    server.enqueue(Scenario(text=ANSWER, fault=Fault.error_event(after_events=3)))
-    info = classify_error(await failure(path, server))
+async def test_anthropic_overload_event_keeps_status_200(env: Loopback, path: Path) -> None:
+    env.server.enqueue(Scenario(text=ANSWER, fault=Fault.error_event(after_events=3)))
+    info = classify_error(await failure(path, env))
     if path.provider == "anthropic":
         assert (info.status_code, info.provider_type) == (200, "overloaded_error")
     else:
@@ -328,14 +357,14 @@ async def test_anthropic_overload_event_keeps_status_200(
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
 async def test_stream_without_terminal_event_is_a_retryable_interruption(
-    server: LoopbackProvider, path: Path
+    env: Loopback, path: Path
 ) -> None:
-    server.enqueue(
+    env.server.enqueue(
         Scenario(text=ANSWER),
         Scenario(text=ANSWER, fault=Fault.no_terminal_event()),
     )
-    complete = await consume(path, server)
-    cut = await consume(path, server)  # the SDKs raise nothing: the body just ends
+    complete = await consume(path, env)
+    cut = await consume(path, env)  # the SDKs raise nothing: the body just ends
     assert has_terminal_signal(path, complete)
     assert cut
     assert not has_terminal_signal(path, cut)
@@ -346,16 +375,16 @@ async def test_stream_without_terminal_event_is_a_retryable_interruption(
 # --- driven through RetryPolicy ----------------------------------------------------------
 
 
-async def drive(path: Path, server: LoopbackProvider, policy: RetryPolicy) -> list[Any]:
+async def drive(path: Path, env: Loopback, policy: RetryPolicy) -> list[Any]:
     """Consume ``path`` inside the policy's before-output retry loop."""
     if path.is_async:
         async for attempt in policy.async_retrying():
             with attempt:
-                return await _aconsume(path, server, TIMEOUT)
+                return await _aconsume(path, env, TIMEOUT)
     else:
         for attempt in policy.retrying():
             with attempt:
-                return _consume(path, server, TIMEOUT)
+                return _consume(path, env, TIMEOUT)
     raise AssertionError("unreachable")
 
 
@@ -379,41 +408,41 @@ def _policy(sleeps: Sleeps) -> RetryPolicy:
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
 @pytest.mark.parametrize("case", PERMANENT, ids=lambda c: c.id)
 async def test_permanent_error_sends_exactly_one_request(
-    server: LoopbackProvider, case: Case, path: Path
+    env: Loopback, case: Case, path: Path
 ) -> None:
-    server.enqueue(Scenario(text=ANSWER, fault=case.fault()), Scenario(text=ANSWER))
+    env.server.enqueue(Scenario(text=ANSWER, fault=case.fault()), Scenario(text=ANSWER))
     sleeps = Sleeps()
     with pytest.raises(Exception) as caught:
-        await drive(path, server, _policy(sleeps))
+        await drive(path, env, _policy(sleeps))
     assert classify_error(caught.value).kind is case.expected_kind(path)
-    assert len(server.requests) == 1
+    assert len(env.server.requests) == 1
     assert sleeps.seconds == []
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
 async def test_retryable_errors_are_retried_until_the_answer_arrives(
-    server: LoopbackProvider, path: Path
+    env: Loopback, path: Path
 ) -> None:
-    server.enqueue(
+    env.server.enqueue(
         Scenario(text=ANSWER, fault=Fault.overloaded()),
         Scenario(text=ANSWER, fault=Fault.drop_before_headers()),
         Scenario(text=ANSWER),
     )
     sleeps = Sleeps()
-    items = await drive(path, server, _policy(sleeps))
+    items = await drive(path, env, _policy(sleeps))
     assert has_terminal_signal(path, items)
-    assert len(server.requests) == 3
+    assert len(env.server.requests) == 3
     assert sleeps.seconds == [2.0, 1.0]  # overloaded base, then the normal second backoff
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
 async def test_provider_hint_of_an_hour_waits_the_sixty_second_cap(
-    server: LoopbackProvider, path: Path
+    env: Loopback, path: Path
 ) -> None:
-    server.enqueue(
+    env.server.enqueue(
         Scenario(text=ANSWER, fault=Fault.rate_limited(retry_after=3600)), Scenario(text=ANSWER)
     )
     sleeps = Sleeps()
-    await drive(path, server, _policy(sleeps))
+    await drive(path, env, _policy(sleeps))
     assert sleeps.seconds == [60.0]
-    assert len(server.requests) == 2
+    assert len(env.server.requests) == 2
