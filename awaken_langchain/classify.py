@@ -4,7 +4,8 @@
 of the exception only, never from its message text:
 
 1. cancellation (any ``BaseException`` that is not an ``Exception``: task
-   cancellation, ``KeyboardInterrupt``, ``GeneratorExit``, ``SystemExit``);
+   cancellation, ``KeyboardInterrupt``, ``GeneratorExit``, ``SystemExit``; and
+   ``concurrent.futures.CancelledError``): never retryable;
 2. this library's own stream errors (`StreamStalledError`,
    `StreamEndedEarlyError`, `StreamInterruptedError`);
 3. a specific provider error ``type`` or ``code`` in the error body
@@ -18,7 +19,15 @@ of the exception only, never from its message text:
    ``httpcore2``/``h11`` families, matched by module family and class name so
    that none of them is imported, and the SDKs' ``APIConnectionError`` /
    ``APITimeoutError``;
-8. Python's ``TimeoutError`` and ``ConnectionError``.
+8. a ``json.JSONDecodeError`` raised inside a provider SDK (an SSE event whose
+   data is not JSON: a corrupted stream);
+9. Python's ``TimeoutError`` and ``ConnectionError``.
+
+A provider's ``x-should-retry: true|false`` response header, which the SDKs
+obey, overrides the retryability of a recognised failure. Anything else is
+`ErrorKind.UNKNOWN` and not retryable; `RetryPolicy` can widen that with its
+``retry_on`` and ``classifier`` hooks (for providers whose SDKs raise other
+exception types).
 
 When an exception says nothing useful itself, its explicit cause
 (``raise ... from err``) is classified instead; the implicit context is followed
