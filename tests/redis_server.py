@@ -1,0 +1,169 @@
+"""A real ``redis-server`` for the tests: started on a free loopback port, stopped after.
+
+The suite never talks to a Redis it did not start. When the ``redis-server``
+binary is missing the Redis tests are skipped with the reason, unless
+``AWAKEN_REQUIRE_REDIS=1`` is set (CI), in which case they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REQUIRE_ENV = "AWAKEN_REQUIRE_REDIS"
+
+
+def redis_server_binary() -> str:
+    """Return the path of ``redis-server``, or skip/fail the calling test.
+
+    Raises:
+        pytest.fail.Exception: When the binary is missing and Redis is required.
+        pytest.skip.Exception: When the binary is missing otherwise.
+    """
+    path = shutil.which("redis-server")
+    if path is not None:
+        return path
+    message = (
+        "redis-server is not installed; install it (apt-get install redis-server) "
+        "to run the Redis store tests"
+    )
+    if os.environ.get(REQUIRE_ENV) == "1":
+        pytest.fail(f"{message} ({REQUIRE_ENV}=1 makes them mandatory)", pytrace=False)
+    pytest.skip(message)
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class RedisServer:
+    """One ``redis-server`` process in its own directory, on a loopback port.
+
+    Args:
+        directory: Working directory for the server (its log and any AOF files).
+        password: When given, the server requires it (``requirepass``).
+        appendonly: Persist every write to an append-only file fsynced on each
+            command, so data survives ``kill()`` and ``start()``.
+    """
+
+    def __init__(
+        self, directory: Path, *, password: str | None = None, appendonly: bool = False
+    ) -> None:
+        self.binary = redis_server_binary()
+        self.directory = directory
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.password = password
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The ``redis://`` URL of the server, with the password when there is one."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def url_without_password(self) -> str:
+        """The server's URL without credentials."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server (again, on the same port) and wait until it answers."""
+        args = [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--logfile",
+            "redis.log",
+            "--daemonize",
+            "no",
+        ]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(
+            args, cwd=self.directory, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
+                log = self.directory / "redis.log"
+                tail = log.read_text()[-2000:] if log.exists() else ""
+                raise RuntimeError(f"redis-server exited at start: {stderr}{tail}")
+            if self._answers_ping():
+                return
+            time.sleep(0.01)
+        self.stop()
+        raise RuntimeError(f"redis-server did not answer on port {self.port} within {timeout} s")
+
+    def _answers_ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                reply = sock.recv(64)
+        except OSError:
+            return False
+        # With requirepass an unauthenticated PING gets -NOAUTH: the server is up.
+        return reply.startswith((b"+PONG", b"-NOAUTH"))
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL, as a crash would, and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def stop(self) -> None:
+        """Stop the server gracefully (SIGTERM), killing it if it does not exit."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        if self.process.stderr is not None:
+            self.process.stderr.close()
+        self.process = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One ``redis-server`` for the session; tests keep apart by key prefix."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def unique_prefix() -> str:
+    """Return a key prefix no other test uses."""
+    return f"test-{uuid.uuid4().hex[:12]}"
