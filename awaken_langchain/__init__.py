@@ -12,11 +12,19 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.stores import (
+    DiskCacheStreamCheckpointStore,
+    FileStreamCheckpointStore,
+    InMemoryStreamCheckpointStore,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AwakenError",
+    "DiskCacheStreamCheckpointStore",
+    "FileStreamCheckpointStore",
+    "InMemoryStreamCheckpointStore",
     "StreamCheckpoint",
     "StreamCheckpointError",
     "StreamCheckpointFencedError",

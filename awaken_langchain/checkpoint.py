@@ -78,8 +78,11 @@ class StreamCheckpoint(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     """Layout version of this record; readers refuse versions they do not know."""
-    run_id: str = Field(min_length=1, max_length=MAX_RUN_ID_LENGTH)
-    """The key of the turn: the caller's run id, or one derived from the thread and task."""
+    run_id: str
+    """The key of the turn: the caller's run id, or one derived from the thread and task.
+
+    Checked by :func:`check_run_id` (a bad run id raises ``StreamCheckpointError``
+    with the same message here as in every store method)."""
     thread_id: str | None = None
     """The conversation thread the turn belongs to, when known."""
     model: str = ""
@@ -99,11 +102,10 @@ class StreamCheckpoint(BaseModel):
     updated_at: float = Field(default=0.0, ge=0.0)
     """When the store last wrote the record, in seconds since the epoch (set by the store)."""
 
-    @field_validator("run_id")
+    @field_validator("run_id", mode="before")
     @classmethod
-    def _run_id_is_addressable(cls, value: str) -> str:
-        check_run_id(value)
-        return value
+    def _run_id_is_addressable(cls, value: object) -> str:
+        return check_run_id(value)
 
 
 def check_run_id(run_id: object) -> str:

@@ -5,6 +5,9 @@ def test_public_names_are_pinned() -> None:
     assert sorted(awaken_langchain.__all__) == sorted(
         [
             "AwakenError",
+            "DiskCacheStreamCheckpointStore",
+            "FileStreamCheckpointStore",
+            "InMemoryStreamCheckpointStore",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",

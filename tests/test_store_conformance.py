@@ -1,0 +1,556 @@
+"""The rules every checkpoint store honours, run against every store.
+
+Backends come from ``STORE_BACKENDS`` in ``conftest.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from awaken_langchain import (
+    StreamCheckpoint,
+    StreamCheckpointError,
+    StreamCheckpointFencedError,
+    StreamCheckpointStore,
+)
+from awaken_langchain.checkpoint import CompletedToolCall, InFlightToolCall
+from tests.conftest import FakeClock, StoreFactory
+
+
+def make_checkpoint(
+    run_id: str = "run-1", text: str = "Hello", **update: object
+) -> StreamCheckpoint:
+    return StreamCheckpoint(
+        run_id=run_id,
+        thread_id="thread-1",
+        model="gpt-test",
+        message_id="msg-1",
+        partial_text=text,
+        **update,  # type: ignore[arg-type]
+    )
+
+
+def durable(factory: StoreFactory) -> None:
+    if not factory.backend.durable:
+        pytest.skip(f"{factory.backend.name} store keeps nothing beyond one instance")
+
+
+# -- basic operations -----------------------------------------------------------------
+
+
+def test_get_missing_is_none(store: StreamCheckpointStore) -> None:
+    assert store.get("never-written") is None
+
+
+def test_put_then_get_round_trips_every_field(store: StreamCheckpointStore) -> None:
+    checkpoint = StreamCheckpoint(
+        run_id="run-1",
+        thread_id="thread-1",
+        model="claude-test",
+        message_id="msg-1",
+        partial_text="The answer is",
+        completed_tool_calls=(
+            CompletedToolCall(id="call-1", name="search", args={"q": "x", "n": [1, 2]}, index=0),
+        ),
+        in_flight_tool_call=InFlightToolCall(
+            id="call-2", name="fetch", index=1, partial_args='{"u'
+        ),
+        retry_count=2,
+    )
+    store.put(checkpoint)
+    got = store.get("run-1")
+    assert got is not None
+    assert got.model_dump(exclude={"updated_at"}) == checkpoint.model_dump(exclude={"updated_at"})
+
+
+def test_put_stamps_updated_at_with_the_store_clock(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(clock=clock)
+    store.put(make_checkpoint(updated_at=5.0))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.updated_at == clock.now
+
+
+def test_put_overwrites_the_previous_checkpoint(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint(text="first version of a long text", retry_count=0))
+    store.put(make_checkpoint(text="second", retry_count=1))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.retry_count) == ("second", 1)
+
+
+def test_runs_are_independent(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint("run-a", "alpha"))
+    store.put(make_checkpoint("run-b", "beta"))
+    store.delete("run-a")
+    assert store.get("run-a") is None
+    got = store.get("run-b")
+    assert got is not None
+    assert got.partial_text == "beta"
+
+
+def test_delete_removes_the_checkpoint(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint())
+    store.delete("run-1")
+    assert store.get("run-1") is None
+    assert store.list_run_ids() == []
+
+
+def test_delete_missing_is_not_an_error(store: StreamCheckpointStore) -> None:
+    store.delete("never-written")
+    store.delete("never-written")
+
+
+def test_delete_is_idempotent(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint())
+    store.delete("run-1")
+    store.delete("run-1")
+    assert store.get("run-1") is None
+
+
+def test_put_after_delete_starts_a_new_checkpoint(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint(text="old text"))
+    store.delete("run-1")
+    store.put(make_checkpoint(text="old text and more"))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "old text and more"
+
+
+# -- delta writes --------------------------------------------------------------------
+
+
+def test_delta_puts_read_back_exactly(store: StreamCheckpointStore) -> None:
+    text = ""
+    for step in range(300):
+        text += f"token {step} é 中 😀 "
+        store.put(make_checkpoint(text=text, retry_count=step % 3))
+        if step % 37 == 0:
+            got = store.get("run-1")
+            assert got is not None
+            assert got.partial_text == text
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.retry_count) == (text, 299 % 3)
+
+
+def test_non_extending_put_after_delta_puts_replaces_the_text(
+    store: StreamCheckpointStore,
+) -> None:
+    text = "abc"
+    for _ in range(20):
+        text += "def"
+        store.put(make_checkpoint(text=text))
+    store.put(make_checkpoint(text="abX"))
+    store.put(make_checkpoint(text="abXY"))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "abXY"
+
+
+def test_put_with_unchanged_text_updates_the_other_fields(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint(text="same"))
+    store.put(make_checkpoint(text="same", retry_count=4))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.retry_count) == ("same", 4)
+
+
+def test_delta_put_never_splices_onto_another_writers_text(store_factory: StoreFactory) -> None:
+    durable(store_factory)
+    first, second = store_factory(), store_factory()
+    first.put(make_checkpoint(text="abc"))
+    second.put(make_checkpoint(text="xyz"))
+    first.put(make_checkpoint(text="abcdef"))
+    got = second.get("run-1")
+    assert got is not None
+    assert got.partial_text == "abcdef"
+
+
+def test_resumed_writer_extends_the_stored_checkpoint(store_factory: StoreFactory) -> None:
+    durable(store_factory)
+    crashed = store_factory()
+    crashed.put(make_checkpoint(text="partial answer"))
+    replacement = store_factory()
+    epoch = replacement.claim("run-1")
+    resumed = replacement.get("run-1")
+    assert resumed is not None
+    replacement.put(
+        resumed.model_copy(update={"partial_text": "partial answer, done", "epoch": epoch})
+    )
+    got = store_factory().get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("partial answer, done", epoch)
+
+
+# -- fencing ---------------------------------------------------------------------------
+
+
+def test_claim_returns_strictly_increasing_epochs(store: StreamCheckpointStore) -> None:
+    epochs = [store.claim("run-1") for _ in range(5)]
+    assert epochs == sorted(set(epochs))
+    assert epochs[0] >= 1
+
+
+def test_claims_of_different_runs_are_independent(store: StreamCheckpointStore) -> None:
+    assert store.claim("run-a") == 1
+    assert store.claim("run-a") == 2
+    assert store.claim("run-b") == 1
+
+
+def test_put_with_the_current_epoch_is_accepted(store: StreamCheckpointStore) -> None:
+    epoch = store.claim("run-1")
+    store.put(make_checkpoint(epoch=epoch))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.epoch == epoch
+
+
+def test_put_with_a_stale_epoch_is_fenced_and_changes_nothing(
+    store: StreamCheckpointStore,
+) -> None:
+    old = store.claim("run-1")
+    store.put(make_checkpoint(text="old owner", epoch=old))
+    new = store.claim("run-1")
+    store.put(make_checkpoint(text="new owner", epoch=new))
+    with pytest.raises(StreamCheckpointFencedError) as caught:
+        store.put(make_checkpoint(text="new owner plus stale text", epoch=old))
+    assert (caught.value.epoch, caught.value.current_epoch, caught.value.run_id) == (
+        old,
+        new,
+        "run-1",
+    )
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("new owner", new)
+
+
+def test_stale_writer_is_fenced_even_before_the_new_owner_writes(
+    store: StreamCheckpointStore,
+) -> None:
+    old = store.claim("run-1")
+    store.put(make_checkpoint(text="abc", epoch=old))
+    store.claim("run-1")
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(text="abcdef", epoch=old))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "abc"
+
+
+def test_delete_with_a_stale_epoch_is_fenced(store: StreamCheckpointStore) -> None:
+    old = store.claim("run-1")
+    new = store.claim("run-1")
+    store.put(make_checkpoint(epoch=new))
+    with pytest.raises(StreamCheckpointFencedError):
+        store.delete("run-1", epoch=old)
+    assert store.get("run-1") is not None
+    store.delete("run-1", epoch=new)
+    assert store.get("run-1") is None
+
+
+def test_delete_without_epoch_is_unconditional(store: StreamCheckpointStore) -> None:
+    store.claim("run-1")
+    epoch = store.claim("run-1")
+    store.put(make_checkpoint(epoch=epoch))
+    store.delete("run-1")
+    assert store.get("run-1") is None
+
+
+def test_put_with_an_unclaimed_epoch_is_refused(store: StreamCheckpointStore) -> None:
+    with pytest.raises(StreamCheckpointError, match="claim") as caught:
+        store.put(make_checkpoint(epoch=3))
+    assert not isinstance(caught.value, StreamCheckpointFencedError)
+    assert store.get("run-1") is None
+    store.claim("run-1")
+    with pytest.raises(StreamCheckpointError, match="claim"):
+        store.put(make_checkpoint(epoch=2))
+
+
+def test_epoch_zero_without_any_claim_is_allowed(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint(text="unfenced", epoch=0))
+    store.put(make_checkpoint(text="unfenced, again", epoch=0))
+    store.delete("run-1", epoch=0)
+    assert store.get("run-1") is None
+
+
+def test_epoch_zero_after_a_claim_is_fenced(store: StreamCheckpointStore) -> None:
+    store.claim("run-1")
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(epoch=0))
+
+
+def test_claims_stay_increasing_after_delete(store: StreamCheckpointStore) -> None:
+    first = store.claim("run-1")
+    store.put(make_checkpoint(epoch=first))
+    store.delete("run-1")
+    assert store.claim("run-1") > first
+
+
+def test_claims_stay_increasing_after_ttl_expiry_and_gc(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=10, clock=clock)
+    first = store.claim("run-1")
+    store.put(make_checkpoint(epoch=first))
+    clock.advance(11)
+    assert store.gc() == 1
+    assert store.claim("run-1") > first
+
+
+def test_epochs_are_monotonic_across_store_instances(store_factory: StoreFactory) -> None:
+    durable(store_factory)
+    first = store_factory().claim("run-1")
+    second = store_factory().claim("run-1")
+    assert second > first
+    with pytest.raises(StreamCheckpointFencedError):
+        store_factory().put(make_checkpoint(epoch=first))
+
+
+@pytest.mark.slow
+def test_epochs_are_monotonic_across_processes(store_factory: StoreFactory) -> None:
+    durable(store_factory)
+    store = store_factory()
+    mine = store.claim("run-1")
+    theirs = int(store_factory.run_child("print(store.claim('run-1'))").strip())
+    assert theirs > mine
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(epoch=mine))
+    assert store.claim("run-1") > theirs
+
+
+# -- TTL, listing, gc ------------------------------------------------------------------
+
+
+def test_expired_checkpoint_is_not_returned(store_factory: StoreFactory, clock: FakeClock) -> None:
+    store = store_factory(ttl=60, clock=clock)
+    store.put(make_checkpoint())
+    clock.advance(60)
+    assert store.get("run-1") is not None
+    clock.advance(1)
+    assert store.get("run-1") is None
+    assert store.list_run_ids() == []
+    assert store.list_checkpoints() == []
+
+
+def test_put_refreshes_the_ttl(store_factory: StoreFactory, clock: FakeClock) -> None:
+    store = store_factory(ttl=60, clock=clock)
+    store.put(make_checkpoint(text="a"))
+    clock.advance(50)
+    store.put(make_checkpoint(text="ab"))
+    clock.advance(50)
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "ab"
+
+
+def test_gc_removes_expired_checkpoints_only(store_factory: StoreFactory, clock: FakeClock) -> None:
+    store = store_factory(ttl=60, clock=clock)
+    store.put(make_checkpoint("old-1"))
+    store.put(make_checkpoint("old-2"))
+    clock.advance(30)
+    store.put(make_checkpoint("fresh"))
+    clock.advance(31)
+    assert store.gc() == 2
+    assert store.gc() == 0
+    assert store.list_run_ids() == ["fresh"]
+    # Removed, not just hidden: a store without a TTL does not see them either.
+    assert store_factory(clock=clock).get("old-1") is None or not store_factory.backend.durable
+
+
+def test_gc_without_ttl_removes_nothing(store: StreamCheckpointStore) -> None:
+    store.put(make_checkpoint())
+    assert store.gc() == 0
+    assert store.get("run-1") is not None
+
+
+def test_list_run_ids_and_list_checkpoints(store: StreamCheckpointStore) -> None:
+    for run_id in ("b", "a", "c"):
+        store.put(make_checkpoint(run_id, f"text of {run_id}"))
+    store.delete("c")
+    assert store.list_run_ids() == ["a", "b"]
+    assert sorted((c.run_id, c.partial_text) for c in store.list_checkpoints()) == [
+        ("a", "text of a"),
+        ("b", "text of b"),
+    ]
+
+
+# -- bad data and bad input ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("part", ["head", "text"])
+def test_corrupted_record_raises_store_error(store_factory: StoreFactory, part: str) -> None:
+    store = store_factory()
+    store.put(make_checkpoint(text="some text worth keeping"))
+    store_factory.corrupt(store, "run-1", part)
+    reader = store_factory() if store_factory.backend.durable else store
+    with pytest.raises(StreamCheckpointError) as caught:
+        reader.get("run-1")
+    assert caught.value.run_id == "run-1"
+    assert "corrupt" in str(caught.value)
+
+
+def test_corrupted_record_can_be_deleted_and_rewritten(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    store.put(make_checkpoint(text="some text"))
+    store_factory.corrupt(store, "run-1", "head")
+    store.delete("run-1")
+    store.put(make_checkpoint(text="fresh"))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "fresh"
+
+
+def test_oversized_checkpoint_is_refused_naming_the_setting(store_factory: StoreFactory) -> None:
+    store = store_factory(max_checkpoint_bytes=4096)
+    store.put(make_checkpoint(text="small"))
+    with pytest.raises(StreamCheckpointError, match="max_checkpoint_bytes=4096"):
+        store.put(make_checkpoint(text="small" + "x" * 5000))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "small"
+
+
+def test_oversized_fresh_checkpoint_is_refused(store_factory: StoreFactory) -> None:
+    store = store_factory(max_checkpoint_bytes=1024)
+    with pytest.raises(StreamCheckpointError, match="max_checkpoint_bytes"):
+        store.put(make_checkpoint(text="é" * 1024))
+    assert store.get("run-1") is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "emoji 😀👩‍👩‍👧 flags 🇫🇷",
+        "CJK 中文字符 日本語 한국어",
+        "combining e\u0301 a\u0308 \u0915\u094d\u0937",
+        "lone surrogates \ud800 and \udfff and \udc00\ud83d",
+        "nul \x00 and controls \x1b[0m \u2028",
+    ],
+    ids=["emoji", "cjk", "combining", "lone-surrogates", "controls"],
+)
+def test_unicode_round_trips_exactly(store: StreamCheckpointStore, text: str) -> None:
+    run_id = f"run {text[:12]}"
+    if "\x00" in run_id:
+        run_id = "run-nul-text"
+    checkpoint = make_checkpoint(
+        run_id,
+        text,
+        completed_tool_calls=(CompletedToolCall(id="c", name="t", args={"text": text}),),
+        in_flight_tool_call=InFlightToolCall(partial_args='{"text": "' + text),
+    )
+    store.put(checkpoint)
+    store.put(checkpoint.model_copy(update={"partial_text": text + text}))
+    got = store.get(run_id)
+    assert got is not None
+    assert got.partial_text == text + text
+    assert got.completed_tool_calls == checkpoint.completed_tool_calls
+    assert got.in_flight_tool_call == checkpoint.in_flight_tool_call
+    assert run_id in store.list_run_ids()
+
+
+HOSTILE_RUN_IDS = [
+    "a/b/c",
+    "../../escape",
+    "..",
+    "/etc/passwd",
+    "..\\..\\windows",
+    "x" * 1024,
+    "é" * 1024,
+]
+
+
+@pytest.mark.parametrize("run_id", HOSTILE_RUN_IDS, ids=lambda r: r[:20])
+def test_hostile_run_ids_stay_inside_the_store(
+    store_factory: StoreFactory, tmp_path: Path, run_id: str
+) -> None:
+    store = store_factory()
+    before = {p for p in tmp_path.rglob("*") if not p.is_relative_to(store_factory.location)}
+    epoch = store.claim(run_id)
+    store.put(make_checkpoint(run_id, "text", epoch=epoch))
+    store.put(make_checkpoint(run_id, "text and more", epoch=epoch))
+    got = store.get(run_id)
+    assert got is not None
+    assert got.partial_text == "text and more"
+    assert store.list_run_ids() == [run_id]
+    after = {p for p in tmp_path.rglob("*") if not p.is_relative_to(store_factory.location)}
+    assert after == before
+    if store_factory.backend.uses_directory:
+        for path in store_factory.location.rglob("*"):
+            assert len(path.name) < 255
+            assert path.resolve().is_relative_to(store_factory.location.resolve())
+    store.delete(run_id, epoch=epoch)
+    assert store.get(run_id) is None
+
+
+@pytest.mark.parametrize(
+    ("run_id", "message"),
+    [
+        ("a\x00b", "NUL"),
+        ("x" * 1025, "limit is 1024"),
+        ("", "empty"),
+        (42, "must be a str"),
+    ],
+    ids=["nul", "too-long", "empty", "not-a-str"],
+)
+def test_unusable_run_ids_are_refused_clearly(
+    store: StreamCheckpointStore, run_id: object, message: str
+) -> None:
+    for call in (store.get, store.claim, store.delete):
+        with pytest.raises(StreamCheckpointError, match=message):
+            call(run_id)  # type: ignore[operator]
+    with pytest.raises(StreamCheckpointError, match=message):
+        make_checkpoint(run_id)  # type: ignore[arg-type]
+    assert store.list_run_ids() == []
+
+
+def test_put_of_something_else_is_refused_clearly(store: StreamCheckpointStore) -> None:
+    with pytest.raises(StreamCheckpointError, match="expects a StreamCheckpoint, got dict"):
+        store.put({"run_id": "run-1", "partial_text": "x"})  # type: ignore[arg-type]
+
+
+# -- async twins -----------------------------------------------------------------------
+
+
+async def test_async_twins_follow_the_same_rules(store: StreamCheckpointStore) -> None:
+    assert await store.aget("run-1") is None
+    old = await store.aclaim("run-1")
+    await store.aput(make_checkpoint(text="async", epoch=old))
+    await store.aput(make_checkpoint(text="async text", epoch=old))
+    got = await store.aget("run-1")
+    assert got is not None
+    assert got.partial_text == "async text"
+    new = await store.aclaim("run-1")
+    assert new > old
+    with pytest.raises(StreamCheckpointFencedError):
+        await store.aput(make_checkpoint(text="async text!", epoch=old))
+    with pytest.raises(StreamCheckpointFencedError):
+        await store.adelete("run-1", epoch=old)
+    await store.adelete("run-1", epoch=new)
+    await store.adelete("run-1")
+    assert await store.aget("run-1") is None
+
+
+def test_store_is_a_context_manager(store_factory: StoreFactory) -> None:
+    with store_factory() as store:
+        store.put(make_checkpoint())
+    if store_factory.backend.durable:
+        assert store_factory().get("run-1") is not None
+
+
+def test_store_files_are_private_to_the_owner(store_factory: StoreFactory) -> None:
+    if not store_factory.backend.uses_directory:
+        pytest.skip("the store keeps no files")
+    store = store_factory()
+    store.put(make_checkpoint(text="private " * 10_000))
+    store.put(make_checkpoint(text="private " * 10_001))
+    assert store_factory.location.stat().st_mode & 0o777 == 0o700
+    for path in store_factory.location.rglob("*"):
+        if path.is_file():
+            assert path.stat().st_mode & 0o077 == 0, path
+    assert os.access(store_factory.location, os.W_OK)
