@@ -25,8 +25,11 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import run_id_bytes
+from tests.redis_server import corrupt_redis, redis_server, store_on
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+__all__ = ["redis_server"]  # the session fixture, defined with the server helper
 
 
 class FakeClock:
@@ -118,6 +121,14 @@ STORE_BACKENDS: list[StoreBackend] = [
         durable=True,
         child_source="FileStreamCheckpointStore(location)",
         uses_directory=True,
+    ),
+    StoreBackend(
+        name="redis",
+        make=store_on,
+        corrupt=corrupt_redis,
+        durable=True,
+        child_source="__import__('tests.redis_server', fromlist=['x']).store_on(location)",
+        uses_directory=False,
     ),
 ]
 

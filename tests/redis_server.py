@@ -7,17 +7,24 @@ binary is missing the Redis tests are skipped with the reason, unless
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from awaken_langchain.checkpoint import StreamCheckpointStore
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 
 REQUIRE_ENV = "AWAKEN_REQUIRE_REDIS"
 
@@ -105,15 +112,14 @@ class RedisServer:
         if self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(
-            args, cwd=self.directory, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            args, cwd=self.directory, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
                 log = self.directory / "redis.log"
                 tail = log.read_text()[-2000:] if log.exists() else ""
-                raise RuntimeError(f"redis-server exited at start: {stderr}{tail}")
+                raise RuntimeError(f"redis-server exited at start: {tail}")
             if self._answers_ping():
                 return
             time.sleep(0.01)
@@ -148,22 +154,71 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        if self.process.stderr is not None:
-            self.process.stderr.close()
         self.process = None
 
 
+URL_ENV = "AWAKEN_TEST_REDIS_URL"
+"""Where the shared test server listens; child processes of a test inherit it."""
+
+_shared: RedisServer | None = None
+
+
+def shared_redis_server() -> RedisServer:
+    """Return this process's shared test server, starting it on first use.
+
+    It is stopped when the process exits; tests keep apart by key prefix.
+    """
+    global _shared
+    if _shared is None:
+        directory = Path(tempfile.mkdtemp(prefix="awaken-redis-"))
+        server = RedisServer(directory)
+        server.start()
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        atexit.register(server.stop)
+        os.environ[URL_ENV] = server.url
+        _shared = server
+    return _shared
+
+
 @pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    """One ``redis-server`` for the session; tests keep apart by key prefix."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+def redis_server() -> RedisServer:
+    """The shared ``redis-server`` of this test process."""
+    return shared_redis_server()
 
 
 def unique_prefix() -> str:
     """Return a key prefix no other test uses."""
     return f"test-{uuid.uuid4().hex[:12]}"
+
+
+def prefix_for(location: Path) -> str:
+    """Return the key prefix that stands for a per-test store location."""
+    return "test-" + hashlib.sha256(str(location).encode()).hexdigest()[:16]
+
+
+def store_on(location: Path, **kwargs: Any) -> RedisStreamCheckpointStore:
+    """Build a Redis store whose data is shared by every store on ``location``.
+
+    Works in child processes too: the server's URL comes from the environment
+    the test process set when it started the server.
+    """
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+    url = os.environ.get(URL_ENV) or shared_redis_server().url
+    return RedisStreamCheckpointStore(url, prefix=prefix_for(location), **kwargs)
+
+
+def corrupt_redis(store: StreamCheckpointStore, location: Path, run_id: str, part: str) -> None:
+    """Overwrite a run's stored head or text with garbage, behind the store's back."""
+    import redis
+
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+    assert isinstance(store, RedisStreamCheckpointStore)
+    assert store.url is not None
+    head, text, _ = store._keys(run_id)
+    with redis.Redis.from_url(store.url) as raw:
+        if part == "head":
+            raw.hset(head, "head", b"\x00garbage")
+        else:
+            raw.set(text, b"\xff\xfe\xfd")

@@ -26,24 +26,13 @@ import redis
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
-from tests.redis_server import RedisServer, redis_server, unique_prefix
-
-__all__ = ["redis_server"]  # the session fixture, imported for this module
+from tests.conftest import FakeClock
+from tests.redis_server import RedisServer, unique_prefix
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "redis_fencing_worker.py"
 
 pytestmark = pytest.mark.redis
-
-
-class FakeClock:
-    """A wall clock that moves only when told to."""
-
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

@@ -1,19 +1,19 @@
 """A checkpoint store on Redis, for workers spread over several hosts.
 
-Each run is kept under three keys that share one hash tag (so they live in one
-slot and one Lua script can touch them all)::
+Each run is kept under three keys sharing one hash tag, so that they live in one
+cluster slot and one Lua script can touch them all::
 
-    {prefix}:{<run_id>}:head    hash: the record without its text, write generation,
-                                epoch, updated_at and text length
-    {prefix}:{<run_id>}:text    string: the partial text, UTF-8, appended to in place
+    {prefix}:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
+                                and "write_id" (the write that produced it)
+    {prefix}:{<run_id>}:text    string: the partial text as UTF-8, appended in place
     {prefix}:{<run_id>}:epoch   integer: the fencing counter; never expires
 
-Every write is one server-side Lua script that checks the fencing epoch and then
-writes the head and text together, so a stale writer on another host is refused
-even when it races the new owner. A put whose text extends the text this store
-wrote last sends only the new characters (``APPEND``); the script verifies the
-stored text is exactly what the writer believes it is and otherwise asks for a
-full write. Checkpoint keys get the store's ``ttl`` as a Redis expiry.
+Every write is one Lua script that compares the writer's epoch with the counter
+and only then touches the head and text, so a stale writer on another host is
+refused even when it races the new owner. A put that extends the text sends
+only the new characters (``APPEND``), and only if the stored ``write_id`` and
+text length are still the ones the writer remembers. Checkpoint keys carry the
+store's ``ttl`` as their Redis expiry.
 
 Values are JSON text encoded by this library; nothing is ever pickled.
 """
@@ -23,14 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import secrets
-import threading
 import time
 import weakref
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 try:
@@ -49,13 +46,21 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
-    StreamCheckpointStore,
     check_run_id,
     checkpoint_from_dict,
-    decode_json,
-    encode_json,
 )
-from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.stores._base import (
+    DeltaCheckpointStore,
+    Head,
+    LastWrite,
+    check_epoch,
+    decode_head,
+    decode_text,
+    encode_text,
+    new_write_id,
+    run_id_bytes,
+)
 
 __all__ = ["RedisStreamCheckpointStore"]
 
@@ -65,36 +70,30 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
 )
-"""Exceptions a Redis call can raise; each becomes a ``StreamCheckpointError``."""
-
-_MEMO_LIMIT = 4096
-"""How many runs' last written text a store remembers for delta writes."""
+"""What a Redis call raises when the server, network or data fails."""
 
 _SCAN_BATCH = 500
-"""``COUNT`` hint for ``SCAN`` and the batch size of follow-up reads."""
+"""``COUNT`` hint for ``SCAN``, and how many heads are fetched per round trip."""
 
-# KEYS: head, text, epoch
-# ARGV: epoch, mode ("full" | "append"), record JSON, text or delta, generation,
-#       expected text length (append only), updated_at, expiry in ms ("" for none)
-# Returns {status, current epoch or text length}.
-_PUT_SCRIPT = """
+# KEYS: head, text, epoch counter
+# ARGV: epoch, mode ("replace" | "append"), head JSON, text or delta, write_id,
+#       expected write_id and text length (append only), expiry in ms ("" for none)
+# Returns {"ok" | "refused" (epoch differs from the counter) | "changed"
+#          (append only: the stored text is not the one expected), counter}.
+_PUT = """
 local current = tonumber(redis.call('GET', KEYS[3]) or '0')
-local epoch = tonumber(ARGV[1])
-if epoch < current then return {'fenced', current} end
-if epoch > current then return {'unclaimed', current} end
-local size
+if not current then return redis.error_reply('epoch counter is not an integer') end
+if tonumber(ARGV[1]) ~= current then return {'refused', current} end
 if ARGV[2] == 'append' then
-  if redis.call('HGET', KEYS[1], 'gen') ~= ARGV[5]
-      or redis.call('STRLEN', KEYS[2]) ~= tonumber(ARGV[6]) then
-    return {'resend', current}
+  if redis.call('HGET', KEYS[1], 'write_id') ~= ARGV[6]
+      or redis.call('STRLEN', KEYS[2]) ~= tonumber(ARGV[7]) then
+    return {'changed', current}
   end
-  size = redis.call('APPEND', KEYS[2], ARGV[4])
+  redis.call('APPEND', KEYS[2], ARGV[4])
 else
   redis.call('SET', KEYS[2], ARGV[4])
-  size = string.len(ARGV[4])
 end
-redis.call('HSET', KEYS[1], 'record', ARGV[3], 'gen', ARGV[5], 'epoch', ARGV[1],
-  'updated_at', ARGV[7], 'text_bytes', size)
+redis.call('HSET', KEYS[1], 'head', ARGV[3], 'write_id', ARGV[5])
 if ARGV[8] ~= '' then
   redis.call('PEXPIRE', KEYS[1], ARGV[8])
   redis.call('PEXPIRE', KEYS[2], ARGV[8])
@@ -102,85 +101,59 @@ else
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
-return {'ok', size}
+return {'ok', current}
 """
 
-# KEYS: head, text
-# Returns false when there is no checkpoint, else {record JSON, text, text length}.
-_GET_SCRIPT = """
-local head = redis.call('HMGET', KEYS[1], 'record', 'text_bytes')
-if not head[1] then return false end
-return {head[1], redis.call('GET', KEYS[2]) or '', head[2] or '0'}
+# KEYS: head, text. Returns false, or {head JSON, text}: one consistent snapshot.
+_LOAD = """
+local head = redis.call('HGET', KEYS[1], 'head')
+if not head then return false end
+return {head, redis.call('GET', KEYS[2]) or ''}
 """
 
-# KEYS: head, text, epoch
-# ARGV: epoch ("" for an unconditional delete)
-_DELETE_SCRIPT = """
+# KEYS: head, text, epoch counter
+# ARGV: epoch ("" deletes unconditionally), write_id ("" for any)
+# Returns {"ok" | "refused", counter or number of keys deleted}.
+_DELETE = """
 if ARGV[1] ~= '' then
   local current = tonumber(redis.call('GET', KEYS[3]) or '0')
-  local epoch = tonumber(ARGV[1])
-  if epoch < current then return {'fenced', current} end
-  if epoch > current then return {'unclaimed', current} end
+  if not current then return redis.error_reply('epoch counter is not an integer') end
+  if tonumber(ARGV[1]) ~= current then return {'refused', current} end
+end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'write_id') ~= ARGV[2] then
+  return {'ok', 0}
 end
 return {'ok', redis.call('DEL', KEYS[1], KEYS[2])}
 """
 
-# KEYS: head, text
-# ARGV: the updated_at the collector saw; a newer write keeps the checkpoint.
-_GC_SCRIPT = """
-if redis.call('HGET', KEYS[1], 'updated_at') == ARGV[1] then
-  return redis.call('DEL', KEYS[1], KEYS[2])
-end
-return 0
-"""
-
-
-@dataclass(frozen=True)
-class _Memo:
-    """What this store last wrote for a run, so the next put can send only a delta."""
-
-    generation: bytes
-    text: str
-    text_bytes: int
-
-
-@dataclass(frozen=True)
-class _PutPlan:
-    """The arguments of one put script call, and the memo to keep if it succeeds."""
-
-    mode: Literal["full", "append"]
-    args: tuple[bytes, ...]
-    memo: _Memo
-
 
 @dataclass
-class _AsyncClient:
-    """An asyncio client bound to one event loop, with its registered scripts."""
+class _Client:
+    """A Redis client with the store's scripts registered on it."""
 
     client: Any
-    scripts: dict[str, Any]
+    put: Any
+    load: Any
+    delete: Any
 
-
-def _text_bytes(text: str) -> bytes:
-    return text.encode("utf-8", "surrogatepass")
-
-
-def _as_bytes(value: Any) -> bytes:
-    """Normalise a Redis reply to bytes (integers come back as ``int``)."""
-    return value if isinstance(value, bytes) else str(value).encode()
+    @classmethod
+    def wrap(cls, client: Any) -> _Client:
+        register = client.register_script
+        return cls(client, register(_PUT), register(_LOAD), register(_DELETE))
 
 
 def _redact(url: str) -> str:
-    """Return ``url`` without its password, for error messages."""
+    """Return ``url`` with its password masked, for error messages."""
     try:
         parts = urlsplit(url)
+        port = parts.port
     except ValueError:
         return "<unparsable url>"
     if parts.password is None:
         return url
     netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
+    if port is not None:
+        netloc += f":{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
@@ -189,23 +162,31 @@ def _glob_escape(text: str) -> str:
     return "".join("\\" + char if char in "*?[]\\" else char for char in text)
 
 
-class RedisStreamCheckpointStore(StreamCheckpointStore):
+def _decodes_responses(client: Any) -> bool:
+    pool = getattr(client, "connection_pool", None)
+    return bool(getattr(pool, "connection_kwargs", {}).get("decode_responses"))
+
+
+class RedisStreamCheckpointStore(DeltaCheckpointStore):
     """Keeps checkpoints in Redis so that workers on several hosts can share them.
 
     Fencing is checked inside Redis by a Lua script, so a writer whose epoch is
     stale is refused even when it races the new owner from another host.
-    ``claim`` is an ``INCR`` on a per-run counter that never expires: epochs stay
-    strictly increasing after a delete or expiry. For the counters to survive a
-    Redis restart too, run Redis with persistence (``appendonly yes``).
+    ``claim`` is an ``INCR`` on a per-run counter that never expires, so epochs
+    stay strictly increasing after a delete or expiry. For counters and
+    checkpoints to survive a Redis restart too, run Redis with persistence
+    (``appendonly yes``).
 
-    Give either a ``url`` (the store creates, owns and closes its clients) or
-    ready clients (borrowed; the store never closes them). With only a sync
-    ``client``, the async methods run it in a worker thread.
+    Give either a ``url`` (the store creates, owns and closes its clients; the
+    async methods get one ``redis.asyncio`` client per event loop) or ready
+    clients (borrowed: the store never closes them). With only a sync
+    ``client``, the async methods run it in a worker thread. Async code should
+    ``await store.aclose()`` before its event loop ends, as with any
+    ``redis.asyncio`` client, so that loop's connections are closed cleanly.
 
     Example:
         ```python
-        with RedisStreamCheckpointStore.from_url("redis://cache:6379/0", ttl=3600) as store:
-            model = RecoveringChatModel(model=inner, checkpoint_store=store)
+        store = RedisStreamCheckpointStore.from_url("redis://cache:6379/0", ttl=3600)
         ```
 
     Args:
@@ -215,8 +196,7 @@ class RedisStreamCheckpointStore(StreamCheckpointStore):
         prefix: Namespace of every key the store writes (``{prefix}:{<run_id>}:...``).
         ttl: Seconds after its last write when a checkpoint expires (also set as
             the keys' Redis expiry), or ``None`` to keep checkpoints until deleted.
-        max_checkpoint_bytes: Largest checkpoint (record plus text, in bytes) the
-            store accepts.
+        max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
         clock: Wall-clock time source for ``updated_at`` and expiry checks.
         username: Redis ACL user name, when the URL does not carry it.
         password: Redis password, when the URL does not carry it.
@@ -224,18 +204,18 @@ class RedisStreamCheckpointStore(StreamCheckpointStore):
         ssl_ca_certs: CA bundle that verifies the server's certificate.
         ssl_certfile: Client certificate for mutual TLS.
         ssl_keyfile: Private key of ``ssl_certfile``.
-        ssl_cert_reqs: Server certificate verification: ``"required"`` (default),
-            ``"optional"`` or ``"none"``.
-        socket_timeout: Seconds to wait for a reply before the call fails.
+        ssl_cert_reqs: Server certificate check: ``"required"``, ``"optional"``
+            or ``"none"``.
+        socket_timeout: Seconds to wait for a reply before a call fails.
         socket_connect_timeout: Seconds to wait for a connection.
-        retries: How often redis-py retries a command after a connection error or
-            timeout (with short jittered backoff) before the store reports failure.
-        **connection_kwargs: Any other ``redis.Redis`` keyword argument, passed
-            through to the clients the store creates from ``url``.
+        retries: How often a command is retried after a connection error or a
+            timeout (with a short jittered backoff) before the store reports it.
+        **connection_kwargs: Any other ``redis.Redis.from_url`` keyword, passed
+            to the clients the store creates.
 
     Raises:
-        ValueError: If the settings are inconsistent (no connection, both a URL
-            and clients, a prefix containing braces).
+        ValueError: If the settings are inconsistent: no connection, both a URL
+            and clients, a client that decodes responses, or braces in ``prefix``.
     """
 
     def __init__(
@@ -276,65 +256,55 @@ class RedisStreamCheckpointStore(StreamCheckpointStore):
                 f"prefix must be a non-empty string without braces, got {prefix!r}; "
                 "braces are reserved for the per-run hash tag"
             )
-        for given in (client, async_client):
-            pool = getattr(given, "connection_pool", None)
-            if getattr(pool, "connection_kwargs", {}).get("decode_responses"):
-                raise ValueError(
-                    "the Redis client decodes responses; the store reads raw bytes, so "
-                    "create the client with decode_responses=False (the default)"
-                )
-        if connection_kwargs.get("decode_responses"):
-            raise ValueError("decode_responses=True is not supported; the store reads raw bytes")
         if retries < 0:
             raise ValueError(f"retries must be zero or more, got {retries!r}")
+        if connection_kwargs.get("decode_responses") or any(
+            _decodes_responses(given) for given in (client, async_client)
+        ):
+            raise ValueError(
+                "the store reads raw bytes: create the Redis client with "
+                "decode_responses=False (the default)"
+            )
         self.prefix = prefix
         self.url = url
         self._where = _redact(url) if url is not None else "the given Redis client"
-        self._client_kwargs: dict[str, Any] = dict(connection_kwargs)
-        self._client_kwargs.update(
-            socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout
-        )
+        self._prefix_bytes = run_id_bytes(prefix)
+        options: dict[str, Any] = {
+            **connection_kwargs,
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_connect_timeout,
+        }
         if username is not None:
-            self._client_kwargs["username"] = username
+            options["username"] = username
         if password is not None:
-            self._client_kwargs["password"] = password
+            options["password"] = password
         if ssl or ssl_ca_certs or ssl_certfile or ssl_keyfile:
-            self._client_kwargs.update(
+            options.update(
                 ssl_ca_certs=ssl_ca_certs,
                 ssl_certfile=ssl_certfile,
                 ssl_keyfile=ssl_keyfile,
                 ssl_cert_reqs=ssl_cert_reqs,
             )
             if url is not None and urlsplit(url).scheme == "redis":
-                self._client_kwargs["ssl"] = True
+                options["ssl"] = True
+        self._options = options
         self._retries = retries
         self._owns_clients = url is not None
-        self._client: Any = client
         if url is not None:
-            self._client = redis.Redis.from_url(
-                url,
-                retry=redis.retry.Retry(self._backoff(), retries),
-                **self._client_kwargs,
+            client = redis.Redis.from_url(
+                url, retry=redis.retry.Retry(self._backoff(), retries), **options
             )
-        self._scripts: dict[str, Any] = {}
-        if self._client is not None:
-            self._scripts = self._register(self._client)
-        self._borrowed_async = (
-            _AsyncClient(async_client, self._register(async_client))
-            if async_client is not None
-            else None
-        )
-        self._async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncClient] = (
+        self._sync = _Client.wrap(client) if client is not None else None
+        self._borrowed_async = _Client.wrap(async_client) if async_client is not None else None
+        self._loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Client] = (
             weakref.WeakKeyDictionary()
         )
-        self._memos: OrderedDict[str, _Memo] = OrderedDict()
-        self._lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisStreamCheckpointStore:
         """Create a store that owns clients connected to ``url``.
 
-        Use it as a context manager (``with ... as store``) to close the clients.
+        Use it as a context manager (``with ... as store``) to close them.
 
         Args:
             url: A ``redis://``, ``rediss://`` or ``unix://`` URL.
@@ -342,377 +312,263 @@ class RedisStreamCheckpointStore(StreamCheckpointStore):
         """
         return cls(url, **kwargs)
 
-    # -- keys and clients -----------------------------------------------------
+    # -- keys, clients, errors ----------------------------------------------------
 
     def _keys(self, run_id: str) -> tuple[bytes, bytes, bytes]:
-        base = _text_bytes(f"{self.prefix}:{{{run_id}}}:")
+        """Return the run's head, text and epoch counter keys."""
+        base = self._prefix_bytes + b":{" + run_id_bytes(run_id) + b"}:"
         return base + b"head", base + b"text", base + b"epoch"
 
     def _run_id_of(self, head_key: bytes) -> str:
-        start = len(_text_bytes(self.prefix)) + 2
-        return head_key[start : -len(b"}:head")].decode("utf-8", "surrogatepass")
+        return head_key[len(self._prefix_bytes) + 2 : -len(b"}:head")].decode(
+            "utf-8", "surrogatepass"
+        )
 
     @staticmethod
     def _backoff() -> Any:
         return redis.backoff.EqualJitterBackoff(cap=0.25, base=0.01)
 
-    @staticmethod
-    def _register(client: Any) -> dict[str, Any]:
-        return {
-            "put": client.register_script(_PUT_SCRIPT),
-            "get": client.register_script(_GET_SCRIPT),
-            "delete": client.register_script(_DELETE_SCRIPT),
-            "gc": client.register_script(_GC_SCRIPT),
-        }
-
-    def _sync(self) -> tuple[Any, dict[str, Any]]:
-        if self._client is None:
+    def _client(self) -> _Client:
+        if self._sync is None:
             raise StreamCheckpointError(
-                "this RedisStreamCheckpointStore has only an async_client; use the async "
-                "methods (aget, aput, ...) or also pass client=redis.Redis(...)"
+                "this RedisStreamCheckpointStore was given only an async_client; use the "
+                "async methods (aget, aput, ...) or also pass client=redis.Redis(...)"
             )
-        return self._client, self._scripts
+        return self._sync
 
-    def _async(self) -> _AsyncClient | None:
+    def _async_client(self) -> _Client | None:
         """Return the asyncio client for the running loop, or ``None`` to use threads."""
         if self._borrowed_async is not None:
             return self._borrowed_async
         if self.url is None:
             return None
         loop = asyncio.get_running_loop()
-        bound = self._async_clients.get(loop)
+        bound = self._loop_clients.get(loop)
         if bound is None:
             client = redis.asyncio.Redis.from_url(
                 self.url,
                 retry=redis.asyncio.retry.Retry(self._backoff(), self._retries),
-                **self._client_kwargs,
+                **self._options,
             )
-            bound = _AsyncClient(client, self._register(client))
-            self._async_clients[loop] = bound
+            bound = self._loop_clients[loop] = _Client.wrap(client)
         return bound
 
-    @contextlib.contextmanager
-    def _errors(self, action: str, run_id: str | None) -> Iterator[None]:
-        """Turn any Redis or network failure into a ``StreamCheckpointError``."""
-        try:
-            yield
-        except StreamCheckpointError:
-            raise
-        except _REDIS_ERRORS as exc:
-            raise StreamCheckpointError(
-                f"Redis {action} failed at {self._where} (check the server, and the "
-                "url/password/ssl settings of RedisStreamCheckpointStore)",
-                run_id=run_id,
-                cause=exc,
-            ) from exc
-
-    # -- pure parts shared by the sync and async twins ------------------------
-
     def _expiry_ms(self) -> bytes:
-        if self.ttl is None:
-            return b""
-        return str(max(1, math.ceil(self.ttl * 1000))).encode()
+        return b"" if self.ttl is None else str(max(1, math.ceil(self.ttl * 1000))).encode()
 
-    def _memo(self, run_id: str) -> _Memo | None:
-        with self._lock:
-            return self._memos.get(run_id)
-
-    def _remember(self, run_id: str, memo: _Memo | None) -> None:
-        with self._lock:
-            if memo is None:
-                self._memos.pop(run_id, None)
-                return
-            self._memos[run_id] = memo
-            self._memos.move_to_end(run_id)
-            while len(self._memos) > _MEMO_LIMIT:
-                self._memos.popitem(last=False)
-
-    def _plan_put(self, checkpoint: StreamCheckpoint, *, full: bool) -> _PutPlan:
-        """Encode a put: a delta append when the text extends what was last written."""
-        if not isinstance(checkpoint, StreamCheckpoint):
-            raise StreamCheckpointError(
-                f"put() takes a StreamCheckpoint, got {type(checkpoint).__name__}"
-            )
-        run_id = checkpoint.run_id
-        now = float(self.clock())
-        stamped = checkpoint.model_copy(update={"updated_at": now})
-        head = stamped.model_dump(mode="json")
-        text = head.pop("partial_text")
-        record = encode_json(head)
-        memo = None if full else self._memo(run_id)
-        if memo is not None and text.startswith(memo.text):
-            mode: Literal["full", "append"] = "append"
-            payload = _text_bytes(text[len(memo.text) :])
-            generation = memo.generation
-            expected = str(memo.text_bytes).encode()
-            text_bytes = memo.text_bytes + len(payload)
-        else:
-            mode = "full"
-            payload = _text_bytes(text)
-            generation = secrets.token_hex(8).encode()
-            expected = b""
-            text_bytes = len(payload)
-        size = len(record) + text_bytes
-        if size > self.max_checkpoint_bytes:
-            raise StreamCheckpointError(
-                f"checkpoint is {size} bytes, more than max_checkpoint_bytes="
-                f"{self.max_checkpoint_bytes}; raise max_checkpoint_bytes to store it",
-                run_id=run_id,
-            )
-        args = (
-            str(checkpoint.epoch).encode(),
-            mode.encode(),
-            record,
-            payload,
-            generation,
-            expected,
-            repr(now).encode(),
-            self._expiry_ms(),
-        )
-        return _PutPlan(mode, args, _Memo(generation, text, text_bytes))
-
-    def _check_fencing(self, run_id: str, epoch: int, reply: Any) -> bool:
-        """Raise on a fencing refusal; return whether the script wrote."""
-        status = _as_bytes(reply[0])
-        if status == b"ok":
-            return True
-        current = int(reply[1])
-        if status == b"fenced":
-            self._remember(run_id, None)
-            raise StreamCheckpointFencedError(run_id, epoch=epoch, current_epoch=current)
-        if status == b"unclaimed":
-            self._remember(run_id, None)
-            raise StreamCheckpointError(
-                f"epoch {epoch} was never returned by claim() for this run (its current "
-                f"epoch is {current}); call claim(run_id) and write with the epoch it returns",
-                run_id=run_id,
-            )
-        if status == b"resend":
-            return False
-        raise StreamCheckpointError(f"unexpected reply from Redis: {reply!r}", run_id=run_id)
-
-    def _decode(self, run_id: str, reply: Any) -> StreamCheckpoint | None:
-        if not reply:
-            return None
-        record, text, text_bytes = (_as_bytes(part) for part in reply)
-        if len(text) != int(text_bytes):
-            raise StreamCheckpointError(
-                f"stored checkpoint is corrupted (text is {len(text)} bytes, its head "
-                f"says {int(text_bytes)})",
-                run_id=run_id,
-            )
-        data = decode_json(record, run_id=run_id)
-        if not isinstance(data, dict):
-            raise StreamCheckpointError(
-                "stored checkpoint is corrupted (record is not a JSON object)", run_id=run_id
-            )
-        try:
-            data["partial_text"] = text.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError as exc:
-            raise StreamCheckpointError(
-                "stored checkpoint is corrupted (text is not UTF-8)", run_id=run_id, cause=exc
-            ) from exc
-        checkpoint = checkpoint_from_dict(data, run_id=run_id)
-        if checkpoint.run_id != run_id:
-            raise StreamCheckpointError(
-                f"stored checkpoint is corrupted (it belongs to run {checkpoint.run_id!r})",
-                run_id=run_id,
-            )
-        if self.is_expired(checkpoint.updated_at):
-            return None
-        return checkpoint
-
-    def _live_run_ids(self, head_keys: list[bytes], stamps: list[Any]) -> list[str]:
-        return [
-            self._run_id_of(key)
-            for key, stamp in zip(head_keys, stamps, strict=True)
-            if stamp is not None and not self.is_expired(float(_as_bytes(stamp)))
-        ]
-
-    def _expired(self, head_keys: list[bytes], stamps: list[Any]) -> list[tuple[bytes, bytes]]:
-        return [
-            (key, _as_bytes(stamp))
-            for key, stamp in zip(head_keys, stamps, strict=True)
-            if stamp is not None and self.is_expired(float(_as_bytes(stamp)))
-        ]
-
-    def _head_pattern(self) -> bytes:
-        return _text_bytes(_glob_escape(self.prefix) + ":{*}:head")
-
-    # -- the contract (sync) ---------------------------------------------------
-
-    def get(self, run_id: str) -> StreamCheckpoint | None:
-        """Return the run's checkpoint, or ``None`` if there is none or it expired."""
-        check_run_id(run_id)
-        _, scripts = self._sync()
-        head, text, _ = self._keys(run_id)
-        with self._errors("read", run_id):
-            reply = scripts["get"](keys=[head, text])
-        return self._decode(run_id, reply)
-
-    def put(self, checkpoint: StreamCheckpoint) -> None:
-        """Store the checkpoint, sending only the new text when it extends the last put.
-
-        Raises:
-            StreamCheckpointFencedError: If ``checkpoint.epoch`` is older than the
-                run's current epoch.
-            StreamCheckpointError: If the epoch was never claimed, the checkpoint
-                is too large, or Redis fails.
-        """
-        _, scripts = self._sync()
-        plan = self._plan_put(checkpoint, full=False)
-        run_id = checkpoint.run_id
-        keys = self._keys(run_id)
-        with self._errors("write", run_id):
+    @contextlib.contextmanager
+    def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
+        """Turn Redis failures into ``StreamCheckpointError`` saying where and what to check."""
+        with super()._backend_errors(action, run_id):
             try:
-                reply = scripts["put"](keys=keys, args=plan.args)
-                if not self._check_fencing(run_id, checkpoint.epoch, reply):
-                    plan = self._plan_put(checkpoint, full=True)
-                    reply = scripts["put"](keys=keys, args=plan.args)
-                    self._check_fencing(run_id, checkpoint.epoch, reply)
-            except _REDIS_ERRORS:
-                self._remember(run_id, None)
-                raise
-        self._remember(run_id, plan.memo)
+                yield
+            except _REDIS_ERRORS as exc:
+                raise StreamCheckpointError(
+                    f"Redis {action} failed at {self._where} (check that the server is up, "
+                    "and the url, password and ssl settings of RedisStreamCheckpointStore)",
+                    run_id=run_id,
+                    cause=exc,
+                ) from exc
 
-    def delete(self, run_id: str, *, epoch: int | None = None) -> None:
-        """Delete the run's checkpoint; a missing checkpoint is not an error.
+    # -- script calls, shared by the sync and async paths ---------------------------
 
-        Raises:
-            StreamCheckpointFencedError: If ``epoch`` is older than the run's epoch.
-            StreamCheckpointError: If ``epoch`` was never claimed, or Redis fails.
-        """
-        check_run_id(run_id)
-        _, scripts = self._sync()
-        head, text, counter = self._keys(run_id)
-        self._remember(run_id, None)
-        with self._errors("delete", run_id):
-            reply = scripts["delete"](
-                keys=[head, text, counter], args=[b"" if epoch is None else str(epoch).encode()]
-            )
-        self._check_fencing(run_id, -1 if epoch is None else epoch, reply)
-
-    def claim(self, run_id: str) -> int:
-        """Take ownership of a run and return its new epoch (an atomic ``INCR``)."""
-        check_run_id(run_id)
-        client, _ = self._sync()
-        with self._errors("claim", run_id):
-            return int(client.incr(self._keys(run_id)[2]))
-
-    def list_run_ids(self) -> list[str]:
-        """Return the run ids that have an unexpired checkpoint (``SCAN`` on the prefix)."""
-        return sorted(
-            run_id
-            for keys, stamps in self._scan_heads()
-            for run_id in self._live_run_ids(keys, stamps)
-        )
-
-    def gc(self) -> int:
-        """Remove checkpoints older than ``ttl`` by the store's clock; return how many.
-
-        Redis also expires them by itself; this catches records that the store's
-        clock considers expired earlier (an injected clock, a skewed host).
-        """
-        if self.ttl is None:
-            return 0
-        _, scripts = self._sync()
-        removed = 0
-        for head_keys, stamps in self._scan_heads():
-            for head, stamp in self._expired(head_keys, stamps):
-                with self._errors("gc", self._run_id_of(head)):
-                    if scripts["gc"](keys=[head, head[: -len(b"head")] + b"text"], args=[stamp]):
-                        removed += 1
-        return removed
-
-    def _scan_heads(self) -> Iterator[tuple[list[bytes], list[Any]]]:
-        """Yield batches of (head keys, their updated_at) under the prefix."""
-        client, _ = self._sync()
-        with self._errors("scan", None):
-            batch: list[bytes] = []
-            for key in client.scan_iter(match=self._head_pattern(), count=_SCAN_BATCH):
-                batch.append(_as_bytes(key))
-                if len(batch) >= _SCAN_BATCH:
-                    yield batch, self._stamps(client, batch)
-                    batch = []
-            if batch:
-                yield batch, self._stamps(client, batch)
+    def _put_args(
+        self, head: Head, payload: bytes, epoch: int, expect: LastWrite | None
+    ) -> list[bytes]:
+        return [
+            str(epoch).encode(),
+            b"replace" if expect is None else b"append",
+            head.encode(),
+            payload,
+            head.write_id.encode(),
+            b"" if expect is None else expect.write_id.encode(),
+            b"" if expect is None else str(expect.text_bytes).encode(),
+            self._expiry_ms(),
+        ]
 
     @staticmethod
-    def _stamps(client: Any, keys: list[bytes]) -> list[Any]:
+    def _put_result(head: Head, epoch: int, reply: Any) -> Head | None:
+        status, current = bytes(reply[0]), int(reply[1])
+        if status == b"refused":
+            check_epoch(head.run_id, epoch, current, action="put")
+        return head if status == b"ok" else None
+
+    @staticmethod
+    def _delete_args(epoch: int | None, write_id: str | None) -> list[bytes]:
+        return [
+            b"" if epoch is None else str(epoch).encode(),
+            b"" if write_id is None else write_id.encode(),
+        ]
+
+    @staticmethod
+    def _delete_result(run_id: str, epoch: int | None, reply: Any) -> bool:
+        status, value = bytes(reply[0]), int(reply[1])
+        if status == b"refused" and epoch is not None:
+            check_epoch(run_id, epoch, value, action="delete")
+        return value > 0
+
+    @staticmethod
+    def _loaded(run_id: str, reply: Any) -> tuple[Head, bytes] | None:
+        if not reply:
+            return None
+        return decode_head(bytes(reply[0]), run_id=run_id), bytes(reply[1])
+
+    # -- backend primitives (sync) ---------------------------------------------------
+
+    def _backend_claim(self, run_id: str) -> int:
+        return int(self._client().client.incr(self._keys(run_id)[2]))
+
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
+        reply = self._client().put(
+            keys=self._keys(head.run_id), args=self._put_args(head, text, epoch, None)
+        )
+        stored = self._put_result(head, epoch, reply)
+        assert stored is not None  # a replace is never conditional
+        return stored
+
+    def _backend_append(
+        self, head: Head, delta: bytes, epoch: int, expect: LastWrite
+    ) -> Head | None:
+        reply = self._client().put(
+            keys=self._keys(head.run_id), args=self._put_args(head, delta, epoch, expect)
+        )
+        return self._put_result(head, epoch, reply)
+
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+        return self._loaded(run_id, self._client().load(keys=self._keys(run_id)[:2]))
+
+    def _backend_delete(
+        self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
+    ) -> bool:
+        client = self._client()
+        write_id = None
+        if condition is not None:
+            # Decide on the head as it is now; the script deletes only if no
+            # write has replaced it since (compare-and-delete on its write_id).
+            loaded = self._backend_load(run_id)
+            if loaded is None or not condition(loaded[0]):
+                return False
+            write_id = loaded[0].write_id
+        reply = client.delete(keys=self._keys(run_id), args=self._delete_args(epoch, write_id))
+        return self._delete_result(run_id, epoch, reply)
+
+    def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
+        client = self._client().client
+        pattern = self._prefix_bytes.decode("utf-8", "surrogatepass")
+        match = run_id_bytes(_glob_escape(pattern) + ":{*}:head")
+        batch: list[bytes] = []
+        for key in client.scan_iter(match=match, count=_SCAN_BATCH):
+            batch.append(bytes(key))
+            if len(batch) >= _SCAN_BATCH:
+                yield from self._heads_of(client, batch)
+                batch = []
+        if batch:
+            yield from self._heads_of(client, batch)
+
+    def _heads_of(self, client: Any, keys: list[bytes]) -> Iterator[tuple[str, bytes]]:
         pipe = client.pipeline(transaction=False)
         for key in keys:
-            pipe.hget(key, "updated_at")
-        return list(pipe.execute())
+            pipe.hget(key, "head")
+        for key, raw in zip(keys, pipe.execute(), strict=True):
+            if raw is not None:  # expired or deleted since the scan saw it
+                yield self._run_id_of(key), bytes(raw)
 
     def close(self) -> None:
-        """Close the clients the store created from its URL (borrowed ones stay open)."""
-        if self._owns_clients and self._client is not None:
-            with self._errors("close", None):
-                self._client.close()
+        """Close the sync client the store created from its URL (borrowed ones stay open)."""
+        if self._owns_clients and self._sync is not None:
+            with self._backend_errors("close", None):
+                self._sync.client.close()
 
-    # -- async twins on redis.asyncio ------------------------------------------
-
-    async def aget(self, run_id: str) -> StreamCheckpoint | None:
-        """Async twin of :meth:`get`."""
-        bound = self._async()
-        if bound is None:
-            return await super().aget(run_id)
-        check_run_id(run_id)
-        head, text, _ = self._keys(run_id)
-        with self._errors("read", run_id):
-            reply = await bound.scripts["get"](keys=[head, text])
-        return self._decode(run_id, reply)
-
-    async def aput(self, checkpoint: StreamCheckpoint) -> None:
-        """Async twin of :meth:`put`."""
-        bound = self._async()
-        if bound is None:
-            return await super().aput(checkpoint)
-        plan = self._plan_put(checkpoint, full=False)
-        run_id = checkpoint.run_id
-        keys = self._keys(run_id)
-        with self._errors("write", run_id):
-            try:
-                reply = await bound.scripts["put"](keys=keys, args=plan.args)
-                if not self._check_fencing(run_id, checkpoint.epoch, reply):
-                    plan = self._plan_put(checkpoint, full=True)
-                    reply = await bound.scripts["put"](keys=keys, args=plan.args)
-                    self._check_fencing(run_id, checkpoint.epoch, reply)
-            except _REDIS_ERRORS:
-                self._remember(run_id, None)
-                raise
-        self._remember(run_id, plan.memo)
-        return None
-
-    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
-        """Async twin of :meth:`delete`."""
-        bound = self._async()
-        if bound is None:
-            return await super().adelete(run_id, epoch=epoch)
-        check_run_id(run_id)
-        head, text, counter = self._keys(run_id)
-        self._remember(run_id, None)
-        with self._errors("delete", run_id):
-            reply = await bound.scripts["delete"](
-                keys=[head, text, counter], args=[b"" if epoch is None else str(epoch).encode()]
-            )
-        self._check_fencing(run_id, -1 if epoch is None else epoch, reply)
-        return None
+    # -- async twins on redis.asyncio -------------------------------------------------
+    #
+    # They follow DeltaCheckpointStore.get/put/delete step by step, awaiting the
+    # same scripts on the event loop's client instead of blocking.
 
     async def aclaim(self, run_id: str) -> int:
         """Async twin of :meth:`claim`."""
-        bound = self._async()
+        bound = self._async_client()
         if bound is None:
             return await super().aclaim(run_id)
         check_run_id(run_id)
-        with self._errors("claim", run_id):
+        with self._backend_errors("claim", run_id):
             return int(await bound.client.incr(self._keys(run_id)[2]))
+
+    async def aput(self, checkpoint: StreamCheckpoint) -> None:
+        """Async twin of :meth:`put`: only the new text is sent when it extends the last."""
+        bound = self._async_client()
+        if bound is None:
+            return await super().aput(checkpoint)
+        if not isinstance(checkpoint, StreamCheckpoint):
+            raise StreamCheckpointError(
+                f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
+            )
+        run_id = check_run_id(checkpoint.run_id)
+        stamped = checkpoint.model_copy(update={"updated_at": max(0.0, self.clock())})
+        fields = stamped.model_dump(mode="json", exclude={"partial_text"})
+        text, epoch, write_id = stamped.partial_text, stamped.epoch, new_write_id()
+        keys = self._keys(run_id)
+        with self._memo_lock:
+            memo = self._memo.get(run_id)
+        with self._backend_errors("put", run_id):
+            stored: Head | None = None
+            if memo is not None and text.startswith(memo.text):
+                delta = encode_text(text[len(memo.text) :])
+                head = Head(run_id, fields, memo.text_bytes + len(delta), write_id)
+                self._check_size(head)
+                reply = await bound.put(keys=keys, args=self._put_args(head, delta, epoch, memo))
+                stored = self._put_result(head, epoch, reply)
+            if stored is None:
+                data = encode_text(text)
+                head = Head(run_id, fields, len(data), write_id)
+                self._check_size(head)
+                reply = await bound.put(keys=keys, args=self._put_args(head, data, epoch, None))
+                stored = self._put_result(head, epoch, reply)
+                assert stored is not None  # a replace is never conditional
+        self._remember(run_id, LastWrite(stored.write_id, text, stored.text_bytes, stored.extra))
+        return None
+
+    async def aget(self, run_id: str) -> StreamCheckpoint | None:
+        """Async twin of :meth:`get`."""
+        bound = self._async_client()
+        if bound is None:
+            return await super().aget(run_id)
+        check_run_id(run_id)
+        with self._backend_errors("get", run_id):
+            loaded = self._loaded(run_id, await bound.load(keys=self._keys(run_id)[:2]))
+        if loaded is None:
+            return None
+        head, data = loaded
+        if self.is_expired(head.updated_at):
+            return None
+        if len(data) != head.text_bytes:
+            raise StreamCheckpointError(
+                f"stored checkpoint is corrupted (text is {len(data)} bytes, "
+                f"the head says {head.text_bytes})",
+                run_id=run_id,
+            )
+        text = decode_text(data, run_id=run_id)
+        checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
+        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra))
+        return checkpoint
+
+    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
+        """Async twin of :meth:`delete`."""
+        bound = self._async_client()
+        if bound is None:
+            return await super().adelete(run_id, epoch=epoch)
+        check_run_id(run_id)
+        with self._memo_lock:
+            self._memo.pop(run_id, None)
+        with self._backend_errors("delete", run_id):
+            reply = await bound.delete(keys=self._keys(run_id), args=self._delete_args(epoch, None))
+            self._delete_result(run_id, epoch, reply)
+        return None
 
     async def aclose(self) -> None:
         """Close the clients the store created, including this event loop's async one."""
         if self._owns_clients:
-            bound = self._async_clients.pop(asyncio.get_running_loop(), None)
+            bound = self._loop_clients.pop(asyncio.get_running_loop(), None)
             if bound is not None:
-                with self._errors("close", None):
+                with self._backend_errors("close", None):
                     await bound.client.aclose()
         self.close()
