@@ -7,9 +7,11 @@ times, so this process keeps writing with epochs that have gone stale: those
 writes must be refused. Because every accepted write extends the text it read,
 the final text is the history of every write that landed.
 
-Usage: ``python redis_fencing_worker.py URL PREFIX WORKER RUNS ROUNDS MODE`` where
-MODE is ``async`` (one task per run on redis.asyncio) or ``threads`` (the sync API
-from a thread pool). Prints one JSON object: claims, accepted and fenced writes.
+Usage: ``python redis_fencing_worker.py URL PREFIX WORKER WORKERS RUNS ROUNDS MODE``
+where MODE is ``async`` (one task per run on redis.asyncio) or ``threads`` (the
+sync API from a thread pool). The workers start together (a barrier on a Redis
+counter), so their claims overlap. Prints one JSON object: claims, accepted and
+fenced writes.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import json
 import random
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import redis
 
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.errors import StreamCheckpointFencedError
@@ -53,7 +58,7 @@ async def drive_async(
     for round_ in range(rounds):
         epoch = await store.aclaim(run_id)
         log.claims.append([run_id, epoch])
-        for step in range(rng.randint(2, 5)):
+        for step in range(rng.randint(2, 4)):
             current = await store.aget(run_id)
             text = (current.partial_text if current else "") + segment(epoch, worker, round_, step)
             try:
@@ -78,7 +83,7 @@ def drive_sync(
         epoch = store.claim(run_id)
         with log.lock:
             log.claims.append([run_id, epoch])
-        for step in range(rng.randint(2, 5)):
+        for step in range(rng.randint(2, 4)):
             current = store.get(run_id)
             text = (current.partial_text if current else "") + segment(epoch, worker, round_, step)
             try:
@@ -104,9 +109,13 @@ async def main_async(store: RedisStreamCheckpointStore, worker: int, runs: int, 
 
 
 def main() -> None:
-    url, prefix, worker_s, runs_s, rounds_s, mode = sys.argv[1:7]
+    url, prefix, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:8]
     worker, runs, rounds = int(worker_s), int(runs_s), int(rounds_s)
     store = RedisStreamCheckpointStore(url, prefix=prefix)
+    with redis.Redis.from_url(url) as barrier:
+        barrier.incr(f"{prefix}:ready")
+        while int(barrier.get(f"{prefix}:ready") or 0) < int(workers_s):
+            time.sleep(0.005)
     if mode == "async":
         log = asyncio.run(main_async(store, worker, runs, rounds))
     else:

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -56,6 +57,26 @@ def free_port() -> int:
         return port
 
 
+def make_certificates(directory: Path) -> None:
+    """Write ``ca.crt`` and a ``server.crt``/``server.key`` for 127.0.0.1 signed by it.
+
+    Skips the calling test when the ``openssl`` command is missing.
+    """
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed; it makes the certificates of the TLS test")
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    (directory / "san.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    ca = ["req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "2"]
+    csr = ["req", *key, "-keyout", "server.key", "-out", "server.csr"]
+    sign = ["x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key"]
+    for command in (
+        [*ca, "-subj", "/CN=awaken test CA"],
+        [*csr, "-subj", "/CN=127.0.0.1"],
+        [*sign, "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.cnf"],
+    ):
+        subprocess.run(["openssl", *command], cwd=directory, check=True, capture_output=True)
+
+
 class RedisServer:
     """One ``redis-server`` process in its own directory, on a loopback port.
 
@@ -64,10 +85,17 @@ class RedisServer:
         password: When given, the server requires it (``requirepass``).
         appendonly: Persist every write to an append-only file fsynced on each
             command, so data survives ``kill()`` and ``start()``.
+        tls: Serve TLS only, with a certificate for 127.0.0.1 signed by a CA made
+            for this server (``ca_file``).
     """
 
     def __init__(
-        self, directory: Path, *, password: str | None = None, appendonly: bool = False
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        appendonly: bool = False,
+        tls: bool = False,
     ) -> None:
         self.binary = redis_server_binary()
         self.directory = directory
@@ -76,24 +104,53 @@ class RedisServer:
         self.appendonly = appendonly
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
+        self.tls = tls
+        if tls:
+            make_certificates(directory)
+
+    @property
+    def ca_file(self) -> str:
+        """The CA certificate that signed the server's TLS certificate."""
+        return str(self.directory / "ca.crt")
 
     @property
     def url(self) -> str:
         """The ``redis://`` URL of the server, with the password when there is one."""
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        return f"{self.scheme}://{auth}127.0.0.1:{self.port}/0"
 
     @property
     def url_without_password(self) -> str:
         """The server's URL without credentials."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{self.scheme}://127.0.0.1:{self.port}/0"
+
+    @property
+    def scheme(self) -> str:
+        """``rediss`` for a TLS server, else ``redis``."""
+        return "rediss" if self.tls else "redis"
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server (again, on the same port) and wait until it answers."""
         args = [
             self.binary,
-            "--port",
-            str(self.port),
+            *(
+                [
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    str(self.port),
+                    "--tls-cert-file",
+                    "server.crt",
+                    "--tls-key-file",
+                    "server.key",
+                    "--tls-ca-cert-file",
+                    "ca.crt",
+                    "--tls-auth-clients",
+                    "no",
+                ]
+                if self.tls
+                else ["--port", str(self.port)]
+            ),
             "--bind",
             "127.0.0.1",
             "--dir",
@@ -128,7 +185,14 @@ class RedisServer:
 
     def _answers_ping(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as raw:
+                sock = (
+                    ssl.create_default_context(cafile=self.ca_file).wrap_socket(
+                        raw, server_hostname="127.0.0.1"
+                    )
+                    if self.tls
+                    else raw
+                )
                 sock.sendall(b"PING\r\n")
                 reply = sock.recv(64)
         except OSError:

@@ -27,7 +27,7 @@ from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from tests.conftest import FakeClock
-from tests.redis_server import RedisServer, unique_prefix
+from tests.redis_server import RedisServer, redis_server_binary, unique_prefix
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "redis_fencing_worker.py"
@@ -448,7 +448,7 @@ SEGMENT = re.compile(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>")
 def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
     redis_server: RedisServer,
 ) -> None:
-    prefix, runs, rounds = unique_prefix(), 64, 3
+    prefix, processes, runs, rounds = unique_prefix(), 4, 64, 2
     workers = [
         subprocess.Popen(
             [
@@ -457,6 +457,7 @@ def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
                 redis_server.url,
                 prefix,
                 str(worker),
+                str(processes),
                 str(runs),
                 str(rounds),
                 "async" if worker % 2 == 0 else "threads",
@@ -467,7 +468,7 @@ def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
             cwd=REPO_ROOT,
         )
-        for worker in range(4)
+        for worker in range(processes)
     ]
     logs = []
     for process in workers:
@@ -488,7 +489,7 @@ def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
         for i in range(runs):
             run_id = f"run-{i}"
             # claim is an atomic counter: every claim got its own epoch, 1..N
-            assert sorted(claims[run_id]) == list(range(1, 4 * rounds + 1))
+            assert sorted(claims[run_id]) == list(range(1, processes * rounds + 1))
             final = store.get(run_id)
             assert final is not None
             # the last owner's writes are the last to land
@@ -501,3 +502,55 @@ def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
             # a write from an older epoch never landed after a newer one
             epochs = [int(s[0]) for s in segments]
             assert epochs == sorted(epochs)
+
+
+def test_tls_connection_verifies_the_server_with_the_given_ca(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", tls=True)
+    server.start()
+    try:
+        plain_url = f"redis://127.0.0.1:{server.port}/0"
+        with RedisStreamCheckpointStore(plain_url, ssl_ca_certs=server.ca_file) as store:
+            epoch = store.claim("run-1")
+            store.put(checkpoint("run-1", "over TLS", epoch=epoch))
+            found = store.get("run-1")
+            assert found is not None
+            assert found.partial_text == "over TLS"
+
+            async def read_async() -> StreamCheckpoint | None:
+                try:
+                    return await store.aget("run-1")
+                finally:
+                    await store.aclose()
+
+            assert asyncio.run(read_async()) == found
+        with (
+            RedisStreamCheckpointStore(server.url, retries=0) as unverified,
+            pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught,
+        ):
+            unverified.get("run-1")
+        assert "certificate" in str(caught.value).lower()
+    finally:
+        server.stop()
+
+
+def test_connection_settings_with_a_borrowed_client_are_rejected(
+    redis_server: RedisServer,
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    with pytest.raises(ValueError, match="apply only"):
+        RedisStreamCheckpointStore(client=client, password="secret")
+    with pytest.raises(ValueError, match="apply only"):
+        RedisStreamCheckpointStore(client=client, ssl=True)
+    client.close()
+
+
+def test_missing_redis_server_skips_unless_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server to be found
+    monkeypatch.delenv("AWAKEN_REQUIRE_REDIS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="redis-server is not installed"):
+        redis_server_binary()
+    monkeypatch.setenv("AWAKEN_REQUIRE_REDIS", "1")
+    with pytest.raises(pytest.fail.Exception, match="AWAKEN_REQUIRE_REDIS=1"):
+        redis_server_binary()

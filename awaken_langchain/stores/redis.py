@@ -200,7 +200,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         clock: Wall-clock time source for ``updated_at`` and expiry checks.
         username: Redis ACL user name, when the URL does not carry it.
         password: Redis password, when the URL does not carry it.
-        ssl: Use TLS (also implied by a ``rediss://`` URL).
+        ssl: Use TLS (also implied by a ``rediss://`` URL or any ``ssl_*`` file).
         ssl_ca_certs: CA bundle that verifies the server's certificate.
         ssl_certfile: Client certificate for mutual TLS.
         ssl_keyfile: Private key of ``ssl_certfile``.
@@ -266,7 +266,6 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
                 "decode_responses=False (the default)"
             )
         self.prefix = prefix
-        self.url = url
         self._where = _redact(url) if url is not None else "the given Redis client"
         self._prefix_bytes = run_id_bytes(prefix)
         options: dict[str, Any] = {
@@ -278,15 +277,24 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             options["username"] = username
         if password is not None:
             options["password"] = password
-        if ssl or ssl_ca_certs or ssl_certfile or ssl_keyfile:
+        tls = ssl or any((ssl_ca_certs, ssl_certfile, ssl_keyfile))
+        if url is None and (tls or username or password or connection_kwargs):
+            raise ValueError(
+                "connection settings (username, password, ssl..., other keywords) apply only "
+                "to clients the store creates from url=; set them on the client you pass"
+            )
+        if tls and url is not None:
+            scheme = urlsplit(url).scheme
+            if scheme not in ("redis", "rediss"):
+                raise ValueError(f"TLS needs a redis:// or rediss:// URL, got {scheme}://")
+            url = "rediss" + url[len(scheme) :]
             options.update(
                 ssl_ca_certs=ssl_ca_certs,
                 ssl_certfile=ssl_certfile,
                 ssl_keyfile=ssl_keyfile,
                 ssl_cert_reqs=ssl_cert_reqs,
             )
-            if url is not None and urlsplit(url).scheme == "redis":
-                options["ssl"] = True
+        self.url = url
         self._options = options
         self._retries = retries
         self._owns_clients = url is not None
