@@ -89,12 +89,13 @@ def _corrupt_diskcache(
 
 def _corrupt_file(store: StreamCheckpointStore, location: Path, run_id: str, part: str) -> None:
     assert isinstance(store, FileStreamCheckpointStore)
-    stem = store._stem(run_id)
+    log = location / f"{store._stem(run_id)}.log"
     if part == "head":
-        (location / f"{stem}.head").write_bytes(b"\x00garbage")
-    else:
-        (text,) = location.glob(f"{stem}.*.text")
-        text.write_bytes(b"\xff\xfe\xfd" * 1000)
+        log.write_bytes(b"\x00garbage")
+    else:  # flip the last byte of the first frame's text: its checksum no longer matches
+        data = bytearray(log.read_bytes())
+        data[-1] ^= 0xFF
+        log.write_bytes(bytes(data))
 
 
 STORE_BACKENDS: list[StoreBackend] = [

@@ -27,6 +27,7 @@ that atomic step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -137,7 +138,11 @@ class Head:
         return float(value) if isinstance(value, int | float) else 0.0
 
     def encode(self) -> bytes:
-        """Encode the head as JSON bytes."""
+        """Encode the head as JSON bytes (computed once per head)."""
+        return self._encoded
+
+    @functools.cached_property
+    def _encoded(self) -> bytes:
         return encode_json(
             {
                 "format": HEAD_FORMAT,
@@ -235,13 +240,14 @@ class LastWrite:
         write_id: The ``write_id`` of the stored head at that time.
         text: The full text stored at that time.
         text_bytes: Its encoded length.
-        extra: The head's backend layout details at that time.
+        cursor: What the backend wants to remember for its next append (file
+            offsets, ...), as returned by its primitive.
     """
 
     write_id: str
     text: str
     text_bytes: int
-    extra: Mapping[str, Any]
+    cursor: Mapping[str, Any]
 
 
 class DeltaCheckpointStore(StreamCheckpointStore):
@@ -272,30 +278,31 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """Atomically increment and persist the run's epoch counter; return it."""
 
     @abstractmethod
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
         """Atomically fence, then replace the run's head and whole text.
 
         Returns:
-            The head as stored (with any ``extra`` layout details the backend added).
+            A cursor: whatever the backend needs to remember for the next append.
         """
 
     @abstractmethod
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Head | None:
+    ) -> Mapping[str, Any] | None:
         """Atomically fence, then append ``delta`` to the stored text.
 
         The append happens only if the stored head carries ``expect.write_id``
         (and so the stored text is ``expect.text``); otherwise nothing changes
-        and ``None`` is returned so that the caller rewrites.
+        and ``None`` is returned so that the caller rewrites. A backend may also
+        return ``None`` when it prefers a rewrite (to compact its storage).
 
         Returns:
-            The head as stored, or ``None`` if the stored state was not ``expect``.
+            The new cursor, or ``None`` if nothing was written.
         """
 
     @abstractmethod
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
-        """Return a consistent snapshot of the run's head and text, or ``None``.
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+        """Return a consistent snapshot of the run's head, text and cursor, or ``None``.
 
         Use :func:`decode_head` on the stored head. The text returned must be
         exactly ``head.text_bytes`` long.
@@ -344,25 +351,26 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
             )
         run_id = check_run_id(checkpoint.run_id)
-        stamped = checkpoint.model_copy(update={"updated_at": max(0.0, self.clock())})
-        fields = stamped.model_dump(mode="json", exclude={"partial_text"})
-        text = stamped.partial_text
+        fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
+        fields["updated_at"] = max(0.0, self.clock())
+        text = checkpoint.partial_text
+        epoch = checkpoint.epoch
         write_id = new_write_id()
         with self._memo_lock:
             memo = self._memo.get(run_id)
         with self._backend_errors("put", run_id):
-            stored: Head | None = None
+            cursor: Mapping[str, Any] | None = None
             if memo is not None and text.startswith(memo.text):
                 delta = encode_text(text[len(memo.text) :])
                 head = Head(run_id, fields, memo.text_bytes + len(delta), write_id)
                 self._check_size(head)
-                stored = self._backend_append(head, delta, stamped.epoch, memo)
-            if stored is None:
+                cursor = self._backend_append(head, delta, epoch, memo)
+            if cursor is None:
                 data = encode_text(text)
                 head = Head(run_id, fields, len(data), write_id)
                 self._check_size(head)
-                stored = self._backend_replace(head, data, stamped.epoch)
-        self._remember(run_id, LastWrite(stored.write_id, text, stored.text_bytes, stored.extra))
+                cursor = self._backend_replace(head, data, epoch)
+        self._remember(run_id, LastWrite(write_id, text, head.text_bytes, cursor))
 
     def get(self, run_id: str) -> StreamCheckpoint | None:
         """Return the run's checkpoint, or ``None`` if there is none or it expired.
@@ -376,7 +384,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             loaded = self._backend_load(run_id)
         if loaded is None:
             return None
-        head, data = loaded
+        head, data, cursor = loaded
         if self.is_expired(head.updated_at):
             return None
         if len(data) != head.text_bytes:
@@ -387,7 +395,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             )
         text = decode_text(data, run_id=run_id)
         checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
-        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra))
+        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, cursor))
         return checkpoint
 
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:

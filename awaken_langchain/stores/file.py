@@ -1,15 +1,19 @@
-"""A plain-files store for one owning process: temp file, fsync, rename."""
+"""A plain-files store for one owning process: append-only logs, temp file + rename."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
+import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
 from awaken_langchain.errors import StreamCheckpointError
@@ -29,27 +33,79 @@ if sys.platform != "win32":
 else:  # pragma: no cover - exercised on Windows only
     fcntl = None
 
-_HEAD_SUFFIX = ".head"
+logger = logging.getLogger("awaken_langchain")
+
+_LOG_SUFFIX = ".log"
 _EPOCH_SUFFIX = ".epoch"
-_TEXT_SUFFIX = ".text"
 _TMP_PREFIX = ".tmp-"
 _LOCK_NAME = ".lock"
+
+_FRAME = struct.Struct(">4sIII")
+"""Frame header: magic, head length, text delta length, CRC-32 of header lengths + payload."""
+_MAGIC = b"AWK1"
+
+COMPACT_SLACK = 64 * 1024
+"""A log is rewritten once it exceeds twice its live content plus this many bytes."""
+
+
+def encode_frame(head: bytes, delta: bytes) -> bytes:
+    """Encode one log frame: a head and the text bytes it appends."""
+    lengths = struct.pack(">II", len(head), len(delta))
+    crc = zlib.crc32(delta, zlib.crc32(head, zlib.crc32(lengths)))
+    return _FRAME.pack(_MAGIC, len(head), len(delta), crc) + head + delta
+
+
+class _Log:
+    """A parsed run log: the last intact head, the text, and where frames lie."""
+
+    def __init__(self, data: bytes, *, run_id: str) -> None:
+        view = memoryview(data)
+        parts: list[memoryview] = []
+        head: bytes | None = None
+        position = last = 0
+        while position + _FRAME.size <= len(view):
+            magic, head_len, delta_len, crc = _FRAME.unpack_from(view, position)
+            start = position + _FRAME.size
+            end = start + head_len + delta_len
+            if magic != _MAGIC or end > len(view):
+                break
+            lengths = struct.pack(">II", head_len, delta_len)
+            if zlib.crc32(view[start:end], zlib.crc32(lengths)) != crc:
+                break
+            head = bytes(view[start : start + head_len])
+            parts.append(view[start + head_len : end])
+            last, position = position, end
+        if head is None:
+            raise corrupted(run_id, "the log has no intact frame")
+        if position != len(view):
+            logger.warning(
+                "checkpoint log of run %r ends with %d bytes of an interrupted or damaged "
+                "write; reading the last intact checkpoint",
+                run_id[:80],
+                len(view) - position,
+            )
+        self.raw_head = head
+        self.text = b"".join(parts)
+        self.last_frame = last
+        self.end = position
 
 
 class FileStreamCheckpointStore(DeltaCheckpointStore):
     """Checkpoints as files in a directory owned by one process.
 
-    Each run has a head file (JSON), an append-only text file and an epoch
-    file, all named by the SHA-256 of the run id, so no run id (``/``, ``..``,
-    very long ids) can name a path outside the directory. Heads and epochs are
-    replaced atomically (temp file, fsync, rename, fsync of the directory); a
-    put that extends the text appends to the text file and fsyncs it before the
-    head that covers the new bytes is renamed into place, so a crash leaves the
-    previous checkpoint readable. Files are 0600, the directory 0700.
+    Each run has a log file and an epoch file, both named by the SHA-256 of
+    the run id, so no run id (``/``, ``..``, very long ids) can name a path
+    outside the directory. The log is a sequence of checksummed frames, each a
+    head plus the text it appends: a put that extends the text appends one
+    small frame and fsyncs it; any other put (and a log grown to twice its live
+    content) writes a new log with one frame via temp file, fsync, rename and
+    directory fsync. A crash can tear only the last frame; reading stops at the
+    last intact frame, so the previous checkpoint stays readable. Files are
+    0600, the directory 0700.
 
     The store is meant for one owning process. Every operation also takes an
-    advisory lock on ``<directory>/.lock``, so a second process (an operator
-    listing or deleting checkpoints) does not corrupt anything.
+    advisory lock on ``<directory>/.lock``, so another process (an operator
+    listing or deleting checkpoints) never corrupts anything.
 
     Args:
         directory: The directory to keep checkpoints in; dedicate it to them.
@@ -73,12 +129,11 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         self.directory = Path(directory)
         self._fsync = fsync
         self._thread_lock = threading.RLock()
+        self._lock_fd: int | None = None
         with self._backend_errors("open", None):
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.directory, 0o700)
-            self._lock_fd: int | None = os.open(
-                self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600
-            )
+            self._lock_fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
 
     def close(self) -> None:
         """Release the lock file descriptor."""
@@ -95,9 +150,6 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     def _path(self, run_id: str, suffix: str) -> Path:
         return self.directory / (self._stem(run_id) + suffix)
-
-    def _text_path(self, run_id: str, generation: str) -> Path:
-        return self.directory / f"{self._stem(run_id)}.{generation}{_TEXT_SUFFIX}"
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -124,28 +176,35 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             finally:
                 os.close(fd)
 
-    def _write_new(self, path: Path, data: bytes) -> None:
-        """Create ``path`` (which must not exist) with ``data``, fsynced, mode 0600."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            self._sync(fd)
-        finally:
-            os.close(fd)
+    @staticmethod
+    def _write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+        view = memoryview(data)
+        while view:
+            if offset is None:
+                count = os.write(fd, view)
+            else:
+                count = os.pwrite(fd, view, offset)
+                offset += count
+            view = view[count:]
 
-    def _replace_file(self, path: Path, data: bytes) -> None:
-        """Atomically replace ``path`` with ``data`` (temp file, fsync, rename)."""
+    def _replace_file(self, path: Path, data: bytes) -> int:
+        """Atomically replace ``path`` with ``data``; return the new file's inode."""
         tmp = self.directory / f"{_TMP_PREFIX}{new_write_id()}"
         try:
-            self._write_new(tmp, data)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                self._write_all(fd, data)
+                self._sync(fd)
+                inode = os.fstat(fd).st_ino
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         self._sync_directory()
+        return inode
 
     @staticmethod
     def _read(path: Path) -> bytes | None:
@@ -167,16 +226,15 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             raise corrupted(run_id, "epoch file holds no epoch")
         return epoch
 
-    def _head(self, run_id: str) -> Head | None:
-        raw = self._read(self._path(run_id, _HEAD_SUFFIX))
-        return None if raw is None else decode_head(raw, run_id=run_id)
-
-    @staticmethod
-    def _generation(head: Head) -> str:
-        generation = head.extra.get("text_file")
-        if not isinstance(generation, str) or not generation.isalnum():
-            raise corrupted(head.run_id, "head names no valid text file")
-        return generation
+    def _log(self, run_id: str) -> tuple[_Log, int] | None:
+        """Read and parse the run's log; return it with the file's inode."""
+        try:
+            with open(self._path(run_id, _LOG_SUFFIX), "rb") as handle:
+                inode = os.fstat(handle.fileno()).st_ino
+                data = handle.read()
+        except FileNotFoundError:
+            return None
+        return _Log(data, run_id=run_id), inode
 
     # -- primitives -------------------------------------------------------------
 
@@ -188,65 +246,68 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             )
         return epoch
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
         run_id = head.run_id
-        generation = new_write_id()
-        stored = head.with_extra(text_file=generation)
+        frame = encode_frame(head.encode(), text)
         with self._locked():
             check_epoch(run_id, epoch, self._epoch(run_id), action="put")
-            try:
-                old = self._head(run_id)
-                old_generation = None if old is None else self._generation(old)
-            except StreamCheckpointError:
-                old_generation = None  # unreadable head: gc removes its text file
-            self._write_new(self._text_path(run_id, generation), text)
-            self._replace_file(self._path(run_id, _HEAD_SUFFIX), stored.encode())
-            if old_generation is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._text_path(run_id, old_generation))
-        return stored
+            inode = self._replace_file(self._path(run_id, _LOG_SUFFIX), frame)
+        return {"inode": inode, "last_frame": 0, "end": len(frame)}
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Head | None:
+    ) -> Mapping[str, Any] | None:
         run_id = head.run_id
+        cursor = expect.cursor
+        inode, last_frame, end = (cursor.get(k) for k in ("inode", "last_frame", "end"))
+        if not (type(inode) is int and type(last_frame) is int and type(end) is int):
+            return None
+        frame = encode_frame(head.encode(), delta)
+        if end + len(frame) > 2 * (head.text_bytes + len(head.encode())) + COMPACT_SLACK:
+            return None  # compact: rewrite the log with one frame
         with self._locked():
             check_epoch(run_id, epoch, self._epoch(run_id), action="put")
             try:
-                current = self._head(run_id)
-                if current is None or current.write_id != expect.write_id:
-                    return None
-                generation = self._generation(current)
-            except StreamCheckpointError:
-                return None  # unreadable: the caller rewrites the whole record
-            stored = head.with_extra(text_file=generation)
-            if delta:
-                fd = os.open(self._text_path(run_id, generation), os.O_WRONLY)
-                try:
-                    end = current.text_bytes + len(delta)
-                    written = current.text_bytes
-                    view = memoryview(delta)
-                    while view:
-                        count = os.pwrite(fd, view, written)
-                        written += count
-                        view = view[count:]
-                    if os.fstat(fd).st_size > end:
-                        os.ftruncate(fd, end)  # bytes of an append that crashed before its head
-                    self._sync(fd)
-                finally:
-                    os.close(fd)
-            self._replace_file(self._path(run_id, _HEAD_SUFFIX), stored.encode())
-        return stored
-
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
-        with self._locked():
-            head = self._head(run_id)
-            if head is None:
+                fd = os.open(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
+            except FileNotFoundError:
                 return None
-            path = self._text_path(run_id, self._generation(head))
-            with open(path, "rb") as handle:
-                text = handle.read(head.text_bytes)
-        return head, text
+            try:
+                stat = os.fstat(fd)
+                if stat.st_ino != inode or stat.st_size != end:
+                    return None  # another writer replaced or extended the log
+                if not self._frame_has_write_id(fd, last_frame, expect.write_id):
+                    return None
+                self._write_all(fd, frame, end)
+                self._sync(fd)
+            finally:
+                os.close(fd)
+        return {"inode": inode, "last_frame": end, "end": end + len(frame)}
+
+    @staticmethod
+    def _frame_has_write_id(fd: int, offset: int, write_id: str) -> bool:
+        """Tell whether the frame at ``offset`` holds a head with ``write_id``."""
+        header = os.pread(fd, _FRAME.size, offset)
+        if len(header) != _FRAME.size:
+            return False
+        magic, head_len, _, _ = _FRAME.unpack(header)
+        if magic != _MAGIC:
+            return False
+        raw = os.pread(fd, head_len, offset + _FRAME.size)
+        try:
+            obj = decode_json(raw)
+        except StreamCheckpointError:
+            return False
+        return isinstance(obj, dict) and obj.get("write_id") == write_id
+
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+        with self._locked():
+            found = self._log(run_id)
+        if found is None:
+            return None
+        log, inode = found
+        head = decode_head(log.raw_head, run_id=run_id)
+        cursor = {"inode": inode, "last_frame": log.last_frame, "end": log.end}
+        return head, log.text, cursor
 
     def _backend_delete(
         self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
@@ -254,79 +315,45 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         with self._locked():
             if epoch is not None:
                 check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
-            head_path = self._path(run_id, _HEAD_SUFFIX)
-            if not head_path.exists():
-                return False
-            generation = None
+            path = self._path(run_id, _LOG_SUFFIX)
+            if condition is not None:
+                found = self._log(run_id)
+                if found is None or not condition(decode_head(found[0].raw_head, run_id=run_id)):
+                    return False
             try:
-                head = self._head(run_id)
-                generation = None if head is None else self._generation(head)
-            except StreamCheckpointError:
-                head = None
-            if condition is not None and (head is None or not condition(head)):
+                os.unlink(path)
+            except FileNotFoundError:
                 return False
-            os.unlink(head_path)
             self._sync_directory()
-            if generation is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self._text_path(run_id, generation))
         return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         found = []
         with self._locked():
             for entry in os.scandir(self.directory):
-                if not entry.name.endswith(_HEAD_SUFFIX):
+                if not entry.name.endswith(_LOG_SUFFIX):
                     continue
-                raw = self._read(Path(entry.path))
-                if raw is None:
+                data = self._read(Path(entry.path))
+                if data is None:
                     continue
-                run_id = self._run_id_of(raw)
-                if run_id is not None and self._stem(run_id) + _HEAD_SUFFIX == entry.name:
+                try:
+                    raw = _Log(data, run_id=entry.name).raw_head
+                    obj = decode_json(raw)
+                except StreamCheckpointError:
+                    continue  # no run id can be recovered from it
+                fields = obj.get("checkpoint") if isinstance(obj, dict) else None
+                run_id = fields.get("run_id") if isinstance(fields, dict) else None
+                if isinstance(run_id, str) and self._stem(run_id) + _LOG_SUFFIX == entry.name:
                     found.append((run_id, raw))
         return found
 
-    @staticmethod
-    def _run_id_of(raw: bytes) -> str | None:
-        """Return the run id recorded in a head file, or ``None`` if unreadable."""
-        try:
-            obj = decode_json(raw)
-        except Exception:
-            return None
-        fields = obj.get("checkpoint") if isinstance(obj, dict) else None
-        run_id = fields.get("run_id") if isinstance(fields, dict) else None
-        return run_id if isinstance(run_id, str) else None
-
     def _backend_cleanup(self) -> None:
-        """Remove temp files and text files that no head refers to."""
+        """Remove temp files left by writes that crashed before their rename."""
         with self._locked():
-            referenced: set[str] = set()
-            unreadable: set[str] = set()
-            texts: list[os.DirEntry[str]] = []
             for entry in os.scandir(self.directory):
-                name = entry.name
-                if name.startswith(_TMP_PREFIX):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                elif name.endswith(_TEXT_SUFFIX):
-                    texts.append(entry)
-                elif name.endswith(_HEAD_SUFFIX):
-                    raw = self._read(Path(entry.path))
-                    obj = None
-                    with contextlib.suppress(Exception):
-                        obj = decode_json(raw or b"")
-                    extra = obj.get("extra") if isinstance(obj, dict) else None
-                    generation = extra.get("text_file") if isinstance(extra, dict) else None
-                    stem = name[: -len(_HEAD_SUFFIX)]
-                    if isinstance(generation, str):
-                        referenced.add(f"{stem}.{generation}{_TEXT_SUFFIX}")
-                    else:
-                        unreadable.add(stem)  # keep its text for whoever repairs it
-            for entry in texts:
-                stem = entry.name.split(".", 1)[0]
-                if entry.name not in referenced and stem not in unreadable:
+                if entry.name.startswith(_TMP_PREFIX):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
 
 
-__all__ = ["FileStreamCheckpointStore"]
+__all__ = ["FileStreamCheckpointStore", "encode_frame"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES
 from awaken_langchain.stores._base import (
@@ -40,6 +41,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         self._lock = threading.Lock()
         self._heads: dict[str, bytes] = {}
         self._texts: dict[str, bytearray] = {}
+        self._write_ids: dict[str, str] = {}
         self._epochs: dict[str, int] = {}
 
     def _backend_claim(self, run_id: str) -> int:
@@ -48,37 +50,35 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
             self._epochs[run_id] = epoch
             return epoch
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
         with self._lock:
             check_epoch(head.run_id, epoch, self._epochs.get(head.run_id, 0), action="put")
             self._heads[head.run_id] = head.encode()
             self._texts[head.run_id] = bytearray(text)
-            return head
+            self._write_ids[head.run_id] = head.write_id
+            return {}
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Head | None:
+    ) -> Mapping[str, Any] | None:
         run_id = head.run_id
         with self._lock:
             check_epoch(run_id, epoch, self._epochs.get(run_id, 0), action="put")
-            raw = self._heads.get(run_id)
             text = self._texts.get(run_id)
-            if raw is None or text is None:
-                return None
-            stored = decode_head(raw, run_id=run_id)
-            if stored.write_id != expect.write_id or len(text) != expect.text_bytes:
+            if text is None or self._write_ids.get(run_id) != expect.write_id:
                 return None
             text += delta
             self._heads[run_id] = head.encode()
-            return head
+            self._write_ids[run_id] = head.write_id
+            return {}
 
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
         with self._lock:
             raw = self._heads.get(run_id)
             text = self._texts.get(run_id)
             if raw is None:
                 return None
-            return decode_head(raw, run_id=run_id), bytes(text or b"")
+            return decode_head(raw, run_id=run_id), bytes(text or b""), {}
 
     def _backend_delete(
         self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
@@ -93,6 +93,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
                 return False
             del self._heads[run_id]
             self._texts.pop(run_id, None)
+            self._write_ids.pop(run_id, None)
             return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:

@@ -1,0 +1,159 @@
+"""Cost of a checkpoint put that appends a few characters to a long partial turn.
+
+A streamed turn is checkpointed every few tokens, so each put adds a small
+delta to an ever longer ``partial_text``. This program measures, for each local
+store, the mean time and the bytes written per put when 16 characters are
+appended to a 200 KB partial and to a 2 KB partial, side by side, and prints
+the ratio (the goal is about 2x or less: a put should cost its delta, not the
+turn). A "rewrite" column shows what a put costs when the text does not extend
+the stored one and the whole record must be written.
+
+Run: ``python benchmarks/checkpoint_put.py [--size 200000] [--small 2000] [--puts 200]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script from a clone
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from awaken_langchain import (
+    DiskCacheStreamCheckpointStore,
+    FileStreamCheckpointStore,
+    InMemoryStreamCheckpointStore,
+    StreamCheckpoint,
+    StreamCheckpointStore,
+)
+
+STORES: dict[str, Callable[[Path], StreamCheckpointStore]] = {
+    "memory": lambda directory: InMemoryStreamCheckpointStore(max_checkpoint_bytes=1 << 30),
+    "diskcache": lambda directory: DiskCacheStreamCheckpointStore(
+        directory, max_checkpoint_bytes=1 << 30
+    ),
+    "file": lambda directory: FileStreamCheckpointStore(directory, max_checkpoint_bytes=1 << 30),
+}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Mean cost of one put for one store and one partial size."""
+
+    store: str
+    partial_chars: int
+    append_us: float
+    append_bytes: float | None
+    rewrite_us: float
+
+
+def _written_bytes() -> int | None:
+    """Bytes this process has passed to write() so far (Linux), else ``None``."""
+    try:
+        with open("/proc/self/io") as handle:
+            for line in handle:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def measure(store_name: str, sizes: tuple[int, ...], *, delta: int, puts: int) -> list[Measurement]:
+    """Measure appends and rewrites on partials of each size, interleaved.
+
+    One store per size; the puts to them alternate, so that a change of machine
+    load during the run affects every size alike and the ratio stays fair.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = [STORES[store_name](Path(tmp) / f"store-{size}") for size in sizes]
+        try:
+            texts = ["x" * size for size in sizes]
+            for store, text in zip(stores, texts, strict=True):
+                store.put(StreamCheckpoint(run_id="bench", partial_text=text))
+            chunk = "y" * delta
+            append_s = [0.0] * len(sizes)
+            written = [0] * len(sizes)
+            for _ in range(puts):
+                for i, store in enumerate(stores):
+                    texts[i] += chunk
+                    checkpoint = StreamCheckpoint(run_id="bench", partial_text=texts[i])
+                    before = _written_bytes()
+                    start = time.perf_counter()
+                    store.put(checkpoint)
+                    append_s[i] += time.perf_counter() - start
+                    after = _written_bytes()
+                    if before is not None and after is not None:
+                        written[i] += after - before
+            for store, text in zip(stores, texts, strict=True):
+                got = store.get("bench")
+                if got is None or got.partial_text != text:
+                    raise RuntimeError(f"{store_name}: the text read back differs from the put")
+
+            rewrites = max(1, puts // 4)
+            rewrite_s = [0.0] * len(sizes)
+            for step in range(rewrites):
+                for i, store in enumerate(stores):
+                    # A new first character: the text no longer extends the stored one.
+                    texts[i] = ("a" if step % 2 else "b") + texts[i][1:]
+                    checkpoint = StreamCheckpoint(run_id="bench", partial_text=texts[i])
+                    start = time.perf_counter()
+                    store.put(checkpoint)
+                    rewrite_s[i] += time.perf_counter() - start
+        finally:
+            for store in stores:
+                store.close()
+    measurable = store_name != "memory" and _written_bytes() is not None
+    return [
+        Measurement(
+            store_name,
+            size,
+            append_s[i] / puts * 1e6,
+            written[i] / puts if measurable else None,
+            rewrite_s[i] / rewrites * 1e6,
+        )
+        for i, size in enumerate(sizes)
+    ]
+
+
+def main(
+    size: int = 200_000,
+    small: int = 2_000,
+    *,
+    delta: int = 16,
+    puts: int = 200,
+    stores: tuple[str, ...] = tuple(STORES),
+) -> list[tuple[Measurement, Measurement]]:
+    """Measure every store at both sizes, print a table, and return the pairs."""
+    pairs = []
+    print(f"append {delta} chars per put, {puts} puts; mean per put")
+    print(
+        f"{'store':<10} {'partial':>8} {'append us':>10} {'bytes/put':>10} "
+        f"{'rewrite us':>11} {'append ratio':>13}"
+    )
+    for name in stores:
+        base, large = measure(name, (small, size), delta=delta, puts=puts)
+        pairs.append((large, base))
+        for row in (base, large):
+            written = "-" if row.append_bytes is None else f"{row.append_bytes:,.0f}"
+            ratio = f"{large.append_us / base.append_us:.2f}x" if row is large else ""
+            print(
+                f"{row.store:<10} {row.partial_chars:>8,} {row.append_us:>10.1f} "
+                f"{written:>10} {row.rewrite_us:>11.1f} {ratio:>13}"
+            )
+    return pairs
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", type=int, default=200_000, help="large partial, characters")
+    parser.add_argument("--small", type=int, default=2_000, help="small partial, characters")
+    parser.add_argument("--delta", type=int, default=16, help="characters appended per put")
+    parser.add_argument("--puts", type=int, default=200, help="puts measured per case")
+    args = parser.parse_args()
+    main(args.size, args.small, delta=args.delta, puts=args.puts)

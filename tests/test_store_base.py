@@ -1,0 +1,96 @@
+"""Pure rules shared by every store: fencing, head decoding, segment planning."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from awaken_langchain import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.checkpoint import encode_json
+from awaken_langchain.stores._base import Head, check_epoch, decode_head, plan_append
+
+
+def test_current_epoch_passes_the_fence() -> None:
+    check_epoch("run-1", 3, 3, action="put")
+    check_epoch("run-1", 0, 0, action="put")
+
+
+def test_older_epoch_is_fenced_with_both_epochs() -> None:
+    with pytest.raises(StreamCheckpointFencedError) as caught:
+        check_epoch("run-1", 2, 3, action="put")
+    assert (caught.value.epoch, caught.value.current_epoch) == (2, 3)
+    assert "another process has claimed this run" in str(caught.value)
+
+
+def test_unclaimed_epoch_tells_the_caller_to_claim_first() -> None:
+    with pytest.raises(StreamCheckpointError, match=r"claim\(run_id\)") as caught:
+        check_epoch("run-1", 4, 3, action="delete")
+    assert not isinstance(caught.value, StreamCheckpointFencedError)
+    assert "delete carries epoch 4" in str(caught.value)
+
+
+def test_head_round_trips() -> None:
+    head = Head("run-1", {"run_id": "run-1", "epoch": 2}, 10, "abc", {"segments": [10]})
+    assert decode_head(head.encode(), run_id="run-1") == head
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"not json", "not JSON"),
+        (encode_json({"some": "other json"}), "not a checkpoint head"),
+        (encode_json([1, 2]), "not a checkpoint head"),
+        (
+            encode_json({"format": "awaken-checkpoint-head", "layout": 99}),
+            "storage layout 99",
+        ),
+        (
+            encode_json(
+                {
+                    "format": "awaken-checkpoint-head",
+                    "layout": 1,
+                    "checkpoint": {"run_id": "run-1"},
+                    "text_bytes": -1,
+                    "write_id": "x",
+                    "extra": {},
+                }
+            ),
+            "malformed head",
+        ),
+        (
+            Head("run-2", {"run_id": "run-2"}, 0, "x").encode(),
+            "belongs to another run id",
+        ),
+    ],
+    ids=["not-json", "foreign-json", "list", "future-layout", "negative-length", "other-run"],
+)
+def test_bad_heads_are_reported_as_corrupted(data: bytes, message: str) -> None:
+    with pytest.raises(StreamCheckpointError, match=message) as caught:
+        decode_head(data, run_id="run-1")
+    assert caught.value.run_id == "run-1"
+
+
+def test_empty_delta_adds_no_segment() -> None:
+    assert plan_append([100, 10], 0) == (2, [100, 10])
+
+
+def test_segments_stay_logarithmic_and_appends_stay_cheap() -> None:
+    sizes: list[int] = []
+    rewritten = 0
+    appends = 12_500  # 16-byte deltas up to 200 KB
+    for _ in range(appends):
+        first, sizes = plan_append(sizes, 16)
+        rewritten += sum(sizes[first:])
+        assert len(sizes) <= 2 * math.log2(sum(sizes)) + 1
+    assert sum(sizes) == 16 * appends
+    # A full rewrite per put would average 100 KB; merging costs a few hundred bytes.
+    assert rewritten / appends < 16 * 2 * math.log2(appends)
+
+
+def test_appending_to_a_large_text_leaves_its_first_segment_alone() -> None:
+    sizes = [200_000]
+    for _ in range(1_000):
+        first, sizes = plan_append(sizes, 16)
+        assert first >= 1
+    assert sizes[0] == 200_000

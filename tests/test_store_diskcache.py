@@ -1,0 +1,146 @@
+"""Rules specific to the diskcache store: several processes, never unpickling."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import diskcache
+import pytest
+
+from awaken_langchain import DiskCacheStreamCheckpointStore, StreamCheckpoint, StreamCheckpointError
+from awaken_langchain.stores._base import run_id_bytes
+from tests.conftest import REPO_ROOT
+
+WRITER = """
+import sys
+from awaken_langchain import DiskCacheStreamCheckpointStore, StreamCheckpoint
+directory, worker = sys.argv[1], int(sys.argv[2])
+store = DiskCacheStreamCheckpointStore(directory)
+for run in range(50):
+    run_id = f"worker-{worker}/run-{run}"
+    text = ""
+    for step in range(4):
+        text += f"<{worker}:{run}:{step}>"
+        store.put(StreamCheckpoint(run_id=run_id, partial_text=text, retry_count=worker))
+"""
+
+CLAIMER = """
+import sys
+from awaken_langchain import DiskCacheStreamCheckpointStore, StreamCheckpoint
+from awaken_langchain.errors import StreamCheckpointFencedError
+directory, worker = sys.argv[1], int(sys.argv[2])
+store = DiskCacheStreamCheckpointStore(directory)
+for _ in range(25):
+    epoch = store.claim("shared")
+    try:
+        store.put(StreamCheckpoint(run_id="shared", partial_text=f"{worker}:{epoch}", epoch=epoch))
+        print(f"{epoch} put")
+    except StreamCheckpointFencedError:
+        print(f"{epoch} fenced")
+"""
+
+
+def run_workers(source: str, directory: Path, workers: int = 4) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", source, str(directory), str(worker)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for worker in range(workers)
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out)
+    return outputs
+
+
+@pytest.mark.slow
+def test_concurrent_processes_lose_and_mix_up_nothing(tmp_path: Path) -> None:
+    directory = tmp_path / "shared"
+    DiskCacheStreamCheckpointStore(directory).close()
+    run_workers(WRITER, directory)
+    with DiskCacheStreamCheckpointStore(directory) as store:
+        run_ids = store.list_run_ids()
+        assert len(run_ids) == 200
+        for worker in range(4):
+            for run in range(50):
+                got = store.get(f"worker-{worker}/run-{run}")
+                assert got is not None
+                assert got.partial_text == "".join(f"<{worker}:{run}:{s}>" for s in range(4))
+                assert got.retry_count == worker
+
+
+@pytest.mark.slow
+def test_concurrent_claims_hand_out_each_epoch_once(tmp_path: Path) -> None:
+    directory = tmp_path / "shared"
+    DiskCacheStreamCheckpointStore(directory).close()
+    outputs = run_workers(CLAIMER, directory)
+    epochs = [int(line.split()[0]) for out in outputs for line in out.splitlines()]
+    assert sorted(epochs) == list(range(1, 101))
+    for out in outputs:  # each worker saw its own epochs strictly increase
+        mine = [int(line.split()[0]) for line in out.splitlines()]
+        assert mine == sorted(mine)
+    with DiskCacheStreamCheckpointStore(directory) as store:
+        got = store.get("shared")
+        assert got is not None
+        assert got.epoch == 100
+        assert got.partial_text.endswith(":100")
+        assert store.claim("shared") == 101
+
+
+class _Boom:
+    def __reduce__(self) -> tuple[object, ...]:
+        return (open, (str(MARKER_HOLDER[0]), "w"))
+
+
+MARKER_HOLDER: list[Path] = []
+
+
+@pytest.mark.parametrize("part", ["head", "epoch", "segment"])
+def test_pickled_values_are_never_unpickled(tmp_path: Path, part: str) -> None:
+    directory = tmp_path / "cache"
+    marker = tmp_path / "unpickled"
+    MARKER_HOLDER[:] = [marker]
+    with DiskCacheStreamCheckpointStore(directory) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="text"))
+        keys = {
+            "head": b"h\x00",
+            "epoch": b"e\x00",
+            "segment": b"s\x00",
+        }
+        key = keys[part] + run_id_bytes("run-1") + (b"\x000" if part == "segment" else b"")
+        with diskcache.Cache(str(directory)) as raw:
+            raw.set(key, _Boom())  # plain diskcache pickles it ...
+            raw.get(key)  # ... and runs the payload when reading it back
+        assert marker.exists()
+        marker.unlink()
+        read = store.claim if part == "epoch" else store.get
+        with pytest.raises(StreamCheckpointError, match="never unpickled"):
+            read("run-1")
+        assert not marker.exists()
+
+
+def test_store_never_hands_diskcache_an_object_to_pickle(tmp_path: Path) -> None:
+    with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
+        store.claim("run-1")
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="x" * 100_000, epoch=1))
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="x" * 100_010, epoch=1))
+    with diskcache.Cache(str(tmp_path / "cache")) as raw:
+        modes = {row[0] for row in raw._sql("SELECT mode FROM Cache").fetchall()}
+    assert diskcache.core.MODE_PICKLE not in modes
+
+
+def test_unopenable_directory_is_a_store_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StreamCheckpointError, match="open failed"):
+        DiskCacheStreamCheckpointStore(blocker / "cache")

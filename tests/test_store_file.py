@@ -1,0 +1,106 @@
+"""Rules specific to the file store: crash leftovers, torn logs, file naming."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from awaken_langchain import FileStreamCheckpointStore, StreamCheckpoint, StreamCheckpointError
+from awaken_langchain.stores.file import COMPACT_SLACK
+
+
+def log_of(directory: Path) -> Path:
+    (log,) = directory.glob("*.log")
+    return log
+
+
+def test_torn_append_leaves_the_previous_checkpoint_readable(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="abc"))
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="abcdef"))
+    log = log_of(tmp_path)
+    intact = log.read_bytes()
+    # A crash in the middle of appending the next frame.
+    log.write_bytes(intact + b"AWK1\x00\x00\x01\x00half a frame")
+    (tmp_path / ".tmp-0123456789abcdef").write_bytes(b"half a new log")
+
+    with FileStreamCheckpointStore(tmp_path) as replacement:
+        with caplog.at_level(logging.WARNING, logger="awaken_langchain"):
+            resumed = replacement.get("run-1")
+        assert resumed is not None
+        assert resumed.partial_text == "abcdef"
+        assert "interrupted or damaged write" in caplog.text
+        replacement.put(resumed.model_copy(update={"partial_text": "abcdefghi"}))
+        got = replacement.get("run-1")
+        assert got is not None
+        assert got.partial_text == "abcdefghi"
+        replacement.gc()
+        assert not (tmp_path / ".tmp-0123456789abcdef").exists()
+
+
+def test_damaged_last_frame_rolls_back_to_the_last_intact_checkpoint(tmp_path: Path) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="one", retry_count=1))
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="one two", retry_count=2))
+    log = log_of(tmp_path)
+    data = bytearray(log.read_bytes())
+    data[-2] ^= 0xFF
+    log.write_bytes(bytes(data))
+    with FileStreamCheckpointStore(tmp_path) as store:
+        got = store.get("run-1")
+        assert got is not None
+        assert (got.partial_text, got.retry_count) == ("one", 1)
+
+
+def test_log_without_any_intact_frame_is_corrupted(tmp_path: Path) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="text"))
+        log_of(tmp_path).write_bytes(b"")
+        with pytest.raises(StreamCheckpointError, match="no intact frame"):
+            store.get("run-1")
+
+
+def test_appends_write_one_small_frame(tmp_path: Path) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        text = "x" * 100_000
+        store.put(StreamCheckpoint(run_id="run-1", partial_text=text))
+        log = log_of(tmp_path)
+        size = log.stat().st_size
+        store.put(StreamCheckpoint(run_id="run-1", partial_text=text + "y" * 16))
+        assert log_of(tmp_path) == log
+        assert 16 < log.stat().st_size - size < 1_000
+
+
+def test_log_is_compacted_when_it_outgrows_its_content(tmp_path: Path) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        text = ""
+        for _ in range(2_000):
+            text += "y" * 16
+            store.put(StreamCheckpoint(run_id="run-1", partial_text=text))
+        size = log_of(tmp_path).stat().st_size
+        assert size <= 2 * (len(text) + 1_000) + COMPACT_SLACK
+        got = store.get("run-1")
+        assert got is not None
+        assert got.partial_text == text
+
+
+def test_file_names_never_contain_the_run_id(tmp_path: Path) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        epoch = store.claim("secret-customer-name")
+        store.put(StreamCheckpoint(run_id="secret-customer-name", partial_text="x", epoch=epoch))
+    names = [path.name for path in tmp_path.iterdir()]
+    assert len(names) == 3  # lock, epoch, log
+    assert not any("secret" in name for name in names)
+
+
+def test_rewrite_replaces_the_log(tmp_path: Path) -> None:
+    with FileStreamCheckpointStore(tmp_path) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="first text"))
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="other text"))
+        log = log_of(tmp_path).read_bytes()
+        assert b"other text" in log
+        assert b"first text" not in log
