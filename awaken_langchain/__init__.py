@@ -5,13 +5,16 @@ turn, gate tool calls on complete JSON, and hand only complete turns to memory.
 """
 
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
 from awaken_langchain.errors import (
     AwakenError,
     StreamCheckpointError,
     StreamCheckpointFencedError,
+    StreamEndedEarlyError,
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores import (
     DiskCacheStreamCheckpointStore,
     FileStreamCheckpointStore,
@@ -25,11 +28,16 @@ __all__ = [
     "DiskCacheStreamCheckpointStore",
     "FileStreamCheckpointStore",
     "InMemoryStreamCheckpointStore",
+    "ErrorInfo",
+    "ErrorKind",
+    "RetryPolicy",
     "StreamCheckpoint",
     "StreamCheckpointError",
     "StreamCheckpointFencedError",
     "StreamCheckpointStore",
+    "StreamEndedEarlyError",
     "StreamInterruptedError",
     "StreamStalledError",
     "__version__",
+    "classify_error",
 ]

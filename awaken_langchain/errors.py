@@ -5,8 +5,13 @@ AwakenError
 ├── StreamCheckpointError            a checkpoint store failed (run id and cause attached)
 │   └── StreamCheckpointFencedError  a newer owner has claimed the run; this writer must stop
 ├── StreamInterruptedError           recovery was exhausted; carries the partial message and cause
-└── StreamStalledError (TimeoutError) no chunk arrived within ``stream_idle_timeout``
+├── StreamStalledError (TimeoutError) no chunk arrived within ``stream_idle_timeout``
+└── StreamEndedEarlyError            the stream ended without a finish/stop reason
 ```
+
+`StreamStalledError` and `StreamEndedEarlyError` describe one interrupted attempt
+and are recovered like a dropped connection; the caller sees them only as the
+``cause`` of a `StreamInterruptedError` once recovery is exhausted.
 
 Provider errors that are not recoverable (authentication, bad request, ...) are
 never wrapped: they propagate exactly as the provider SDK raised them.
@@ -112,6 +117,27 @@ class StreamStalledError(AwakenError, TimeoutError):
         super().__init__(
             f"no chunk arrived for {idle_timeout:g} s after {chunks_received} chunks; "
             "raise RecoveringChatModel(stream_idle_timeout=...) for slower models"
+        )
+
+
+class StreamEndedEarlyError(AwakenError):
+    """The provider stream ended without a terminal signal.
+
+    A turn is complete only when the provider says so (``finish_reason``,
+    ``stop_reason``). A stream that simply stops was cut off somewhere between
+    the model and this process, so it is an interruption: retried before output,
+    continued after output.
+
+    Attributes:
+        chunks_received: Chunks received in the attempt before the stream ended.
+    """
+
+    def __init__(self, chunks_received: int) -> None:
+        self.chunks_received = chunks_received
+        super().__init__(
+            f"the provider stream ended after {chunks_received} chunks without a finish "
+            "or stop reason, so the turn is incomplete; it is recovered like a dropped "
+            "connection within RetryPolicy(max_attempts=..., max_continuations=...)"
         )
 
 

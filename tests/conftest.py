@@ -29,6 +29,8 @@ from tests.redis_server import corrupt_redis, redis_server, store_on
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]
+
 __all__ = ["redis_server"]  # the session fixture, defined with the server helper
 
 

@@ -8,13 +8,18 @@ def test_public_names_are_pinned() -> None:
             "DiskCacheStreamCheckpointStore",
             "FileStreamCheckpointStore",
             "InMemoryStreamCheckpointStore",
+            "ErrorInfo",
+            "ErrorKind",
+            "RetryPolicy",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
             "StreamCheckpointStore",
+            "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
             "__version__",
+            "classify_error",
         ]
     )
 

@@ -25,8 +25,9 @@ import contextlib
 import math
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -71,6 +72,9 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 """What a Redis call raises when the server, network or data fails."""
+
+_NO_CURSOR: Mapping[str, Any] = MappingProxyType({})
+"""Redis needs nothing remembered between appends beyond the write id and length."""
 
 _SCAN_BATCH = 500
 """``COUNT`` hint for ``SCAN``, and how many heads are fetched per round trip."""
@@ -395,11 +399,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         ]
 
     @staticmethod
-    def _put_result(head: Head, epoch: int, reply: Any) -> Head | None:
+    def _put_result(run_id: str, epoch: int, reply: Any) -> Mapping[str, Any] | None:
+        """Return the cursor of a write that landed, ``None`` if the text had changed."""
         status, current = bytes(reply[0]), int(reply[1])
         if status == b"refused":
-            check_epoch(head.run_id, epoch, current, action="put")
-        return head if status == b"ok" else None
+            check_epoch(run_id, epoch, current, action="put")
+        return _NO_CURSOR if status == b"ok" else None
 
     @staticmethod
     def _delete_args(epoch: int | None, write_id: str | None) -> list[bytes]:
@@ -416,33 +421,33 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         return value > 0
 
     @staticmethod
-    def _loaded(run_id: str, reply: Any) -> tuple[Head, bytes] | None:
+    def _loaded(run_id: str, reply: Any) -> tuple[Head, bytes, Mapping[str, Any]] | None:
         if not reply:
             return None
-        return decode_head(bytes(reply[0]), run_id=run_id), bytes(reply[1])
+        return decode_head(bytes(reply[0]), run_id=run_id), bytes(reply[1]), _NO_CURSOR
 
     # -- backend primitives (sync) ---------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
         return int(self._client().client.incr(self._keys(run_id)[2]))
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
         reply = self._client().put(
             keys=self._keys(head.run_id), args=self._put_args(head, text, epoch, None)
         )
-        stored = self._put_result(head, epoch, reply)
-        assert stored is not None  # a replace is never conditional
-        return stored
+        cursor = self._put_result(head.run_id, epoch, reply)
+        assert cursor is not None  # a replace is never conditional
+        return cursor
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Head | None:
+    ) -> Mapping[str, Any] | None:
         reply = self._client().put(
             keys=self._keys(head.run_id), args=self._put_args(head, delta, epoch, expect)
         )
-        return self._put_result(head, epoch, reply)
+        return self._put_result(head.run_id, epoch, reply)
 
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
         return self._loaded(run_id, self._client().load(keys=self._keys(run_id)[:2]))
 
     def _backend_delete(
@@ -511,28 +516,28 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
                 f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
             )
         run_id = check_run_id(checkpoint.run_id)
-        stamped = checkpoint.model_copy(update={"updated_at": max(0.0, self.clock())})
-        fields = stamped.model_dump(mode="json", exclude={"partial_text"})
-        text, epoch, write_id = stamped.partial_text, stamped.epoch, new_write_id()
+        fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
+        fields["updated_at"] = max(0.0, self.clock())
+        text, epoch, write_id = checkpoint.partial_text, checkpoint.epoch, new_write_id()
         keys = self._keys(run_id)
         with self._memo_lock:
             memo = self._memo.get(run_id)
         with self._backend_errors("put", run_id):
-            stored: Head | None = None
+            cursor: Mapping[str, Any] | None = None
             if memo is not None and text.startswith(memo.text):
                 delta = encode_text(text[len(memo.text) :])
                 head = Head(run_id, fields, memo.text_bytes + len(delta), write_id)
                 self._check_size(head)
                 reply = await bound.put(keys=keys, args=self._put_args(head, delta, epoch, memo))
-                stored = self._put_result(head, epoch, reply)
-            if stored is None:
+                cursor = self._put_result(run_id, epoch, reply)
+            if cursor is None:
                 data = encode_text(text)
                 head = Head(run_id, fields, len(data), write_id)
                 self._check_size(head)
                 reply = await bound.put(keys=keys, args=self._put_args(head, data, epoch, None))
-                stored = self._put_result(head, epoch, reply)
-                assert stored is not None  # a replace is never conditional
-        self._remember(run_id, LastWrite(stored.write_id, text, stored.text_bytes, stored.extra))
+                cursor = self._put_result(run_id, epoch, reply)
+                assert cursor is not None  # a replace is never conditional
+        self._remember(run_id, LastWrite(write_id, text, head.text_bytes, cursor))
         return None
 
     async def aget(self, run_id: str) -> StreamCheckpoint | None:
@@ -545,7 +550,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             loaded = self._loaded(run_id, await bound.load(keys=self._keys(run_id)[:2]))
         if loaded is None:
             return None
-        head, data = loaded
+        head, data, cursor = loaded
         if self.is_expired(head.updated_at):
             return None
         if len(data) != head.text_bytes:
@@ -556,7 +561,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         text = decode_text(data, run_id=run_id)
         checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
-        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra))
+        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, cursor))
         return checkpoint
 
     async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:

@@ -1,0 +1,517 @@
+"""`RetryPolicy`: how often, how long and on what a streamed turn is retried.
+
+A turn has two phases with separate budgets:
+
+- **before output** (nothing reached the caller yet): the failed request is
+  simply sent again, up to ``max_attempts`` requests in total. `RetryPolicy`
+  builds tenacity `Retrying`/`AsyncRetrying` objects for this phase, driven as
+  ``for attempt in policy.retrying(): with attempt: ...`` because a half-consumed
+  generator cannot be retried by a decorator;
+- **after output** (some chunks were already yielded): each interruption costs
+  one continuation, up to ``max_continuations``. A streaming loop asks
+  `RetryPolicy.should_retry` and sleeps for the returned delay itself.
+
+Both phases share the same classification (`classify_error`, or the
+``classifier`` hook), the same backoff (`RetryPolicy.delay_for`) and the same
+optional overall ``deadline``. Cancellation is never retried: it always
+propagates.
+
+Example:
+    ```python
+    policy = RetryPolicy(max_attempts=4, deadline=120)
+    for attempt in policy.retrying():
+        with attempt:
+            first_chunk = next(stream_factory())
+    ```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+from tenacity import AsyncRetrying, RetryCallState, Retrying
+from tenacity.retry import retry_if_exception
+from tenacity.stop import stop_after_attempt, stop_base
+from tenacity.wait import wait_base, wait_exponential_jitter
+
+from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
+
+if TYPE_CHECKING:
+    from tenacity import BaseRetrying
+
+__all__ = [
+    "AsyncSleep",
+    "Clock",
+    "ErrorClassifier",
+    "RetryDecision",
+    "RetryPhase",
+    "RetryPolicy",
+    "RetryPredicate",
+    "Sleep",
+]
+
+
+class ErrorClassifier(Protocol):
+    """A user hook that classifies an exception, or returns ``None`` to defer."""
+
+    def __call__(self, exc: BaseException, /) -> ErrorInfo | None:
+        """Classify ``exc``; ``None`` falls back to `classify_error`."""
+        ...
+
+
+class RetryPredicate(Protocol):
+    """A user hook that marks otherwise-unknown exceptions as retryable."""
+
+    def __call__(self, exc: BaseException, /) -> bool:
+        """Return ``True`` to retry ``exc``."""
+        ...
+
+
+class Clock(Protocol):
+    """A function returning the current time in seconds."""
+
+    def __call__(self) -> float:
+        """Return the current time in seconds."""
+        ...
+
+
+class Sleep(Protocol):
+    """A blocking sleep."""
+
+    def __call__(self, seconds: float, /) -> None:
+        """Block for ``seconds``."""
+        ...
+
+
+class AsyncSleep(Protocol):
+    """An awaitable sleep."""
+
+    def __call__(self, seconds: float, /) -> Awaitable[None]:
+        """Return an awaitable that completes after ``seconds``."""
+        ...
+
+
+class RetryPhase(enum.StrEnum):
+    """Where in a streamed turn a failure happened."""
+
+    BEFORE_OUTPUT = "before_output"
+    """No chunk reached the caller yet: the request is sent again."""
+    AFTER_OUTPUT = "after_output"
+    """Chunks were yielded: the turn is continued from its prefix."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class RetryDecision:
+    """The answer of `RetryPolicy.should_retry`.
+
+    Attributes:
+        retry: Whether to send another request.
+        delay: Seconds to wait before it (0 when not retrying).
+        error: The classification of the failure.
+        reason: A short explanation, naming the setting that decided it.
+    """
+
+    retry: bool
+    delay: float
+    error: ErrorInfo
+    reason: str
+
+
+RetryOn = RetryPredicate | type[BaseException] | tuple[type[BaseException], ...]
+"""What `RetryPolicy.retry_on` accepts: a predicate or exception types."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """Attempts, backoff and deadline for recovering a streamed turn.
+
+    Attributes:
+        max_attempts: Requests sent in total before any output reached the
+            caller (1 means no retry).
+        max_continuations: Continuation requests after output was yielded
+            (0 means an interruption after output is not recovered).
+        initial_delay: Backoff before the first retry, in seconds.
+        multiplier: Factor by which the backoff grows per retry.
+        max_delay: Upper bound of the computed backoff, in seconds.
+        jitter: Up to this many random seconds are added to each backoff.
+        overloaded_initial_delay: Initial backoff for overloaded providers
+            (HTTP 503/529, ``overloaded_error``), longer than ``initial_delay``.
+        max_retry_after: Cap on a provider's ``retry-after`` hint, in seconds. A
+            hint is honoured only when the provider sends one, and the wait is
+            the larger of the hint (capped) and the backoff.
+        deadline: Seconds from the start of the turn after which no retry or
+            continuation is started (``None``: no deadline). A retry whose wait
+            would end past the deadline is not started either.
+        retry_on: Makes exceptions that classification does not recognise
+            (`ErrorKind.UNKNOWN`) retryable: a predicate, an exception type or a
+            tuple of them. Never makes a permanent error or a cancellation
+            retryable.
+        classifier: A hook classifying exceptions before `classify_error`;
+            returning ``None`` defers to it. Cancellation is never retried,
+            whatever the hook says.
+        sleep: Blocking sleep used by the sync paths.
+        async_sleep: Awaitable sleep used by the async paths.
+        clock: Monotonic clock measuring the deadline.
+        wall_clock: Wall clock (epoch seconds) for HTTP-date ``retry-after``.
+    """
+
+    max_attempts: int = 3
+    max_continuations: int = 3
+    initial_delay: float = 0.5
+    multiplier: float = 2.0
+    max_delay: float = 8.0
+    jitter: float = 0.5
+    overloaded_initial_delay: float = 2.0
+    max_retry_after: float = 60.0
+    deadline: float | None = None
+    retry_on: RetryOn | None = None
+    classifier: ErrorClassifier | None = None
+    sleep: Sleep = time.sleep
+    async_sleep: AsyncSleep = asyncio.sleep
+    clock: Clock = time.monotonic
+    wall_clock: Clock = time.time
+
+    _backoff: wait_base = dataclasses.field(init=False, repr=False, compare=False)
+    _overloaded_backoff: wait_base = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check_int("max_attempts", self.max_attempts, minimum=1, hint="1 means no retry")
+        _check_int(
+            "max_continuations",
+            self.max_continuations,
+            minimum=0,
+            hint="0 means an interruption after output is not continued",
+        )
+        for name in ("initial_delay", "max_delay", "jitter", "overloaded_initial_delay"):
+            _check_seconds(name, getattr(self, name))
+        _check_seconds("max_retry_after", self.max_retry_after)
+        _check_number("multiplier", self.multiplier)
+        if self.multiplier < 1:
+            raise ValueError(
+                f"RetryPolicy(multiplier={self.multiplier!r}): the backoff multiplier must be "
+                "at least 1 (1 keeps the delay constant)"
+            )
+        for name in ("initial_delay", "overloaded_initial_delay"):
+            if getattr(self, name) > self.max_delay:
+                raise ValueError(
+                    f"RetryPolicy({name}={getattr(self, name)!r}) exceeds "
+                    f"max_delay={self.max_delay!r}; raise max_delay or lower {name}"
+                )
+        if self.deadline is not None:
+            _check_number("deadline", self.deadline)
+            if self.deadline <= 0:
+                raise ValueError(
+                    f"RetryPolicy(deadline={self.deadline!r}): the deadline must be a positive "
+                    "number of seconds, or None for no deadline"
+                )
+        _check_retry_on(self.retry_on)
+        for name in ("classifier", "sleep", "async_sleep", "clock", "wall_clock"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(
+                    f"RetryPolicy({name}={value!r}): expected a callable, "
+                    f"got {type(value).__name__}"
+                )
+        object.__setattr__(self, "_backoff", self._exponential(self.initial_delay))
+        object.__setattr__(
+            self, "_overloaded_backoff", self._exponential(self.overloaded_initial_delay)
+        )
+
+    # --- classification ------------------------------------------------------
+
+    def classify(self, exc: BaseException) -> ErrorInfo:
+        """Classify ``exc`` with the ``classifier`` hook, `classify_error` and ``retry_on``.
+
+        Args:
+            exc: The failure.
+
+        Returns:
+            Its classification. Cancellation is always `ErrorKind.CANCELLED`
+            and never retryable.
+
+        Raises:
+            TypeError: If the ``classifier`` hook returned something other than
+                an `ErrorInfo` or ``None``.
+        """
+        if not isinstance(exc, Exception):
+            return classify_error(exc)
+        info: ErrorInfo | None = None
+        if self.classifier is not None:
+            info = self.classifier(exc)
+            if info is not None and not isinstance(info, ErrorInfo):
+                raise TypeError(
+                    "RetryPolicy(classifier=...) must return an ErrorInfo or None, "
+                    f"got {type(info).__name__}"
+                )
+        if info is None:
+            info = classify_error(exc, now=self.wall_clock())
+        if info.kind is ErrorKind.UNKNOWN and not info.retryable and self._retry_on(exc):
+            info = dataclasses.replace(info, retryable=True)
+        return info
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """Whether ``exc`` may succeed on retry under this policy."""
+        return self.classify(exc).retryable
+
+    def _retry_on(self, exc: BaseException) -> bool:
+        retry_on = self.retry_on
+        if retry_on is None:
+            return False
+        if isinstance(retry_on, type | tuple):
+            return isinstance(exc, retry_on)
+        return bool(retry_on(exc))
+
+    # --- timing --------------------------------------------------------------
+
+    def delay_for(self, error: ErrorInfo, attempt: int) -> float:
+        """Seconds to wait after the ``attempt``-th failure of a phase.
+
+        Exponential backoff with jitter (``initial_delay`` or, for overloaded
+        providers, ``overloaded_initial_delay``, times ``multiplier`` per retry,
+        at most ``max_delay``), or the provider's hint capped at
+        ``max_retry_after`` when that is longer.
+
+        Args:
+            error: The classified failure.
+            attempt: 1 for the first failure in the phase, 2 for the second, ...
+
+        Returns:
+            The delay in seconds.
+
+        Raises:
+            ValueError: If ``attempt`` is below 1.
+        """
+        _check_attempt(attempt)
+        backoff = self._overloaded_backoff if error.kind is ErrorKind.OVERLOADED else self._backoff
+        state = RetryCallState(cast("BaseRetrying", None), None, (), {})
+        state.attempt_number = attempt
+        delay = float(backoff(state))
+        if error.retry_after is not None:
+            delay = max(delay, min(error.retry_after, self.max_retry_after))
+        return delay
+
+    def budget(self, phase: RetryPhase) -> int:
+        """How many failures in ``phase`` are recovered (retries or continuations)."""
+        if phase is RetryPhase.BEFORE_OUTPUT:
+            return self.max_attempts - 1
+        return self.max_continuations
+
+    def past_deadline(self, elapsed: float, delay: float = 0.0) -> bool:
+        """Whether a retry after ``delay`` would start past the ``deadline``."""
+        return self.deadline is not None and elapsed + delay > self.deadline
+
+    def should_retry(
+        self,
+        exc: BaseException,
+        *,
+        attempt: int,
+        elapsed: float,
+        phase: RetryPhase,
+    ) -> RetryDecision:
+        """Decide whether to recover from ``exc`` and how long to wait first.
+
+        Args:
+            exc: The failure.
+            attempt: The number of this failure within ``phase``, from 1. Before
+                output it is the number of requests sent so far; after output,
+                the number of interruptions after output including this one.
+            elapsed: Seconds since the turn started, measured with ``clock``.
+            phase: Whether any output had reached the caller.
+
+        Returns:
+            The decision, with the delay to sleep (sync) or await (async).
+        """
+        _check_attempt(attempt)
+        info = self.classify(exc)
+        if not info.retryable:
+            return RetryDecision(
+                retry=False,
+                delay=0.0,
+                error=info,
+                reason=f"{info.kind.value} is not retryable"
+                + (" (RetryPolicy.retry_on can allow unknown errors)" if _unknown(info) else ""),
+            )
+        budget = self.budget(phase)
+        if attempt > budget:
+            setting = (
+                f"RetryPolicy.max_attempts={self.max_attempts}"
+                if phase is RetryPhase.BEFORE_OUTPUT
+                else f"RetryPolicy.max_continuations={self.max_continuations}"
+            )
+            return RetryDecision(
+                retry=False,
+                delay=0.0,
+                error=info,
+                reason=f"budget exhausted after {attempt} {phase.value} failures ({setting})",
+            )
+        delay = self.delay_for(info, attempt)
+        if self.past_deadline(elapsed, delay):
+            return RetryDecision(
+                retry=False,
+                delay=0.0,
+                error=info,
+                reason=(
+                    f"a retry in {delay:.3g} s at {elapsed:.3g} s would pass "
+                    f"RetryPolicy.deadline={self.deadline!r}"
+                ),
+            )
+        return RetryDecision(
+            retry=True,
+            delay=delay,
+            error=info,
+            reason=f"{info.kind.value}: retry {attempt} of {budget} in {delay:.3g} s",
+        )
+
+    # --- tenacity ------------------------------------------------------------
+
+    def retrying(
+        self,
+        *,
+        started_at: float | None = None,
+        before_sleep: Callable[[RetryCallState], None] | None = None,
+    ) -> Retrying:
+        """A tenacity `Retrying` for the before-output phase.
+
+        Retries while the failure is retryable, at most ``max_attempts`` in
+        total and within the ``deadline``; sleeps with ``sleep``; re-raises the
+        last exception itself (not a `tenacity.RetryError`) when it gives up.
+
+        Args:
+            started_at: ``clock()`` reading when the turn started, for the
+                deadline; defaults to now.
+            before_sleep: Called with tenacity's retry state before each sleep.
+
+        Returns:
+            A fresh `Retrying`; use ``for attempt in ...: with attempt: ...``.
+        """
+        return Retrying(sleep=self.sleep, **self._tenacity_kwargs(started_at, before_sleep))
+
+    def async_retrying(
+        self,
+        *,
+        started_at: float | None = None,
+        before_sleep: Callable[[RetryCallState], Awaitable[None] | None] | None = None,
+    ) -> AsyncRetrying:
+        """A tenacity `AsyncRetrying` for the before-output phase (awaits ``async_sleep``).
+
+        Args:
+            started_at: ``clock()`` reading when the turn started, for the
+                deadline; defaults to now.
+            before_sleep: Called (or awaited) with tenacity's retry state before
+                each sleep.
+
+        Returns:
+            A fresh `AsyncRetrying`; use ``async for attempt in ...: with attempt:``.
+        """
+        return AsyncRetrying(
+            sleep=self.async_sleep, **self._tenacity_kwargs(started_at, before_sleep)
+        )
+
+    def _tenacity_kwargs(self, started_at: float | None, before_sleep: Any) -> dict[str, Any]:
+        stop: stop_base = stop_after_attempt(self.max_attempts)
+        if self.deadline is not None:
+            start = self.clock() if started_at is None else started_at
+            stop = stop | _StopAtDeadline(self, start)
+        classify = _ClassifyOnce(self)
+        return {
+            "stop": stop,
+            "wait": _WaitForError(self, classify),
+            "retry": retry_if_exception(lambda exc: classify(exc).retryable),
+            "reraise": True,
+            "before_sleep": before_sleep,
+        }
+
+    def _exponential(self, initial: float) -> wait_base:
+        return wait_exponential_jitter(
+            multiplier=initial, exp_base=self.multiplier, max=self.max_delay, jitter=self.jitter
+        )
+
+
+class _ClassifyOnce:
+    """Classify each failure of one retry loop once (retry and wait both ask)."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self._policy = policy
+        self._last: tuple[BaseException, ErrorInfo] | None = None
+
+    def __call__(self, exc: BaseException) -> ErrorInfo:
+        if self._last is None or self._last[0] is not exc:
+            self._last = (exc, self._policy.classify(exc))
+        return self._last[1]
+
+
+class _WaitForError(wait_base):
+    """tenacity wait strategy: `RetryPolicy.delay_for` of the failure just seen."""
+
+    def __init__(self, policy: RetryPolicy, classify: _ClassifyOnce) -> None:
+        self._policy = policy
+        self._classify = classify
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        exc = outcome.exception() if outcome is not None else None
+        if exc is None:
+            raise RuntimeError("RetryPolicy waits only after a failed attempt")
+        return self._policy.delay_for(self._classify(exc), retry_state.attempt_number)
+
+
+class _StopAtDeadline(stop_base):
+    """tenacity stop strategy: stop when the next attempt would start past the deadline.
+
+    Unlike `tenacity.stop_before_delay` it reads the policy's injectable clock.
+    """
+
+    def __init__(self, policy: RetryPolicy, started_at: float) -> None:
+        self._policy = policy
+        self._started_at = started_at
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        elapsed = self._policy.clock() - self._started_at
+        return self._policy.past_deadline(elapsed, retry_state.upcoming_sleep)
+
+
+def _unknown(info: ErrorInfo) -> bool:
+    return info.kind is ErrorKind.UNKNOWN
+
+
+def _check_int(name: str, value: object, *, minimum: int, hint: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"RetryPolicy: {name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"RetryPolicy({name}={value!r}): must be at least {minimum} ({hint})")
+
+
+def _check_attempt(attempt: object) -> None:
+    if not isinstance(attempt, int) or isinstance(attempt, bool) or attempt < 1:
+        raise ValueError(f"attempt must be an int counted from 1, got {attempt!r}")
+
+
+def _check_number(name: str, value: object) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise TypeError(f"RetryPolicy: {name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"RetryPolicy({name}={value!r}): must be finite")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    _check_number(name, value)
+    assert isinstance(value, int | float)
+    if value < 0:
+        raise ValueError(f"RetryPolicy({name}={value!r}): must not be negative")
+
+
+def _check_retry_on(retry_on: object) -> None:
+    if retry_on is None or (callable(retry_on) and not isinstance(retry_on, type)):
+        return
+    types = retry_on if isinstance(retry_on, tuple) else (retry_on,)
+    if not types or not all(isinstance(t, type) and issubclass(t, BaseException) for t in types):
+        raise TypeError(
+            "RetryPolicy(retry_on=...) must be a predicate (exc) -> bool, an exception "
+            f"type or a non-empty tuple of exception types, got {retry_on!r}"
+        )

@@ -1,0 +1,456 @@
+"""Scripted responses and faults for the loopback provider server.
+
+A :class:`Scenario` says what one request is answered with (text, tool calls,
+usage, how finely it is streamed, how fast) and, optionally, which
+:class:`Fault` breaks the answer. Everything here is plain, immutable data: the
+wire format for each provider is rendered from it in ``_wire``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from email.utils import format_datetime
+from typing import Any, Literal
+
+Provider = Literal["openai", "anthropic"]
+"""The wire format of a request: OpenAI Chat Completions or Anthropic Messages."""
+
+PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """Token counts a scripted response reports.
+
+    Attributes:
+        input_tokens: Prompt tokens (OpenAI ``prompt_tokens``).
+        output_tokens: Generated tokens (OpenAI ``completion_tokens``).
+    """
+
+    input_tokens: int
+    output_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.input_tokens < 0 or self.output_tokens < 0:
+            raise ValueError(
+                f"TokenUsage counts must be >= 0, got input_tokens={self.input_tokens}, "
+                f"output_tokens={self.output_tokens}"
+            )
+
+
+@dataclass(frozen=True)
+class ScriptedToolCall:
+    """One tool call in a scripted response.
+
+    Attributes:
+        name: The tool name.
+        arguments: The arguments. A mapping is encoded as compact JSON and split
+            into fragments of the scenario's ``chunk_size``; a string is sent as
+            is (it may be deliberately invalid JSON) and split the same way; a
+            sequence of strings gives the exact fragments to stream.
+        id: The call id. ``None`` lets the server number it
+            (``call_<request>_<n>`` for OpenAI, ``toolu_<request>_<n>`` for
+            Anthropic).
+    """
+
+    name: str
+    arguments: Mapping[str, Any] | str | Sequence[str] = field(default_factory=dict)
+    id: str | None = None
+
+    @property
+    def arguments_json(self) -> str:
+        """The complete argument text, as the client reassembles it."""
+        if isinstance(self.arguments, str):
+            return self.arguments
+        if isinstance(self.arguments, Mapping):
+            return json.dumps(dict(self.arguments), separators=(",", ":"))
+        return "".join(self.arguments)
+
+
+class FaultKind(enum.Enum):
+    """What goes wrong with a response. Build faults with the :class:`Fault` constructors."""
+
+    HTTP_ERROR = "http_error"
+    """Answer with an HTTP error status and a provider-style error JSON body."""
+    DROP_BEFORE_HEADERS = "drop_before_headers"
+    """Read the request, then close the connection without sending anything."""
+    DROP_AFTER_BYTES = "drop_after_bytes"
+    """Send the headers and the first ``count`` body bytes, then close the connection."""
+    DROP_AFTER_EVENTS = "drop_after_events"
+    """Send the headers and the first ``count`` SSE events, then close the connection."""
+    ERROR_EVENT = "error_event"
+    """Send ``count`` events, then an SSE ``error`` event, then end the body."""
+    NO_TERMINAL_EVENT = "no_terminal_event"
+    """End the body cleanly but without the terminal events."""
+    STALL = "stall"
+    """Send ``count`` events, wait ``seconds``, then send the rest."""
+    MALFORMED_SSE = "malformed_sse"
+    """Send ``count`` events, then an event whose data is not valid JSON, then end the body."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A failure injected into one response.
+
+    Use the class-method constructors rather than the raw fields; each one
+    documents how the fault appears on the wire and what the official SDKs
+    raise for it.
+
+    Attributes:
+        kind: What goes wrong.
+        status: HTTP status for :attr:`FaultKind.HTTP_ERROR`.
+        error_type: Provider error ``type`` for HTTP errors and SSE error
+            events; ``None`` picks the provider's usual type for the status.
+        message: Error message; ``None`` picks a provider-like default.
+        code: OpenAI error ``code`` (for example ``context_length_exceeded``).
+        count: Events or bytes sent before the fault (meaning depends on kind).
+        seconds: Stall length for :attr:`FaultKind.STALL`.
+        headers: Extra response headers (``retry-after``, ``x-should-retry``...).
+        reset: Close a dropped connection with a TCP reset instead of a FIN.
+    """
+
+    kind: FaultKind
+    status: int = 200
+    error_type: str | None = None
+    message: str | None = None
+    code: str | None = None
+    count: int | None = None
+    seconds: float = 0.0
+    headers: Mapping[str, str] = field(default_factory=dict)
+    reset: bool = False
+
+    def __post_init__(self) -> None:
+        if self.count is not None and self.count < 0:
+            raise ValueError(f"Fault count must be >= 0, got {self.count}")
+        if self.seconds < 0:
+            raise ValueError(f"Fault seconds must be >= 0, got {self.seconds}")
+        if self.kind is FaultKind.HTTP_ERROR and not 400 <= self.status <= 599:
+            raise ValueError(f"an HTTP error fault needs a 4xx/5xx status, got {self.status}")
+
+    # -- HTTP errors -------------------------------------------------------------------
+
+    @classmethod
+    def http_error(
+        cls,
+        status: int,
+        *,
+        error_type: str | None = None,
+        message: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> Fault:
+        """Answer with ``status`` and a provider-style error body.
+
+        The body is ``{"error": {"type", "message", "param", "code"}}`` for OpenAI
+        and ``{"type": "error", "error": {"type", "message"}, "request_id"}`` for
+        Anthropic. ``error_type`` defaults to what the provider sends for the
+        status (for example ``overloaded_error`` for an Anthropic 529).
+
+        Args:
+            status: Any 4xx or 5xx status (400, 401, 403, 404, 413, 429, 500,
+                502, 503, 529...).
+            error_type: Provider error type; ``None`` picks the usual one.
+            message: Error message; ``None`` picks a default.
+            code: OpenAI error ``code``.
+            headers: Extra response headers.
+
+        Returns:
+            The fault.
+        """
+        return cls(
+            FaultKind.HTTP_ERROR,
+            status=status,
+            error_type=error_type,
+            message=message,
+            code=code,
+            headers=dict(headers or {}),
+        )
+
+    @classmethod
+    def rate_limited(
+        cls,
+        *,
+        retry_after: float | datetime | None = None,
+        retry_after_ms: int | None = None,
+        message: str | None = None,
+    ) -> Fault:
+        """Answer HTTP 429 with optional retry hints.
+
+        Args:
+            retry_after: ``retry-after`` header: seconds (a number) or an
+                HTTP date (an aware :class:`~datetime.datetime`).
+            retry_after_ms: ``retry-after-ms`` header, in milliseconds.
+            message: Error message; ``None`` picks a default.
+
+        Returns:
+            The fault.
+        """
+        headers: dict[str, str] = {}
+        if isinstance(retry_after, datetime):
+            if retry_after.tzinfo is None:
+                raise ValueError("retry_after as a datetime must be timezone-aware")
+            headers["retry-after"] = format_datetime(retry_after, usegmt=True)
+        elif retry_after is not None:
+            headers["retry-after"] = _format_seconds(retry_after)
+        if retry_after_ms is not None:
+            headers["retry-after-ms"] = str(int(retry_after_ms))
+        return cls.http_error(429, message=message, headers=headers)
+
+    @classmethod
+    def overloaded(cls, *, status: int = 529, headers: Mapping[str, str] | None = None) -> Fault:
+        """Answer with the provider's overload error before the stream starts.
+
+        Anthropic sends 529 ``overloaded_error``; for OpenAI requests the same
+        status is answered with a ``server_error`` body.
+
+        Args:
+            status: 529 by default; 503 is also common.
+            headers: Extra response headers.
+
+        Returns:
+            The fault.
+        """
+        return cls.http_error(status, headers=headers)
+
+    @classmethod
+    def server_error(cls, status: int = 500, *, headers: Mapping[str, str] | None = None) -> Fault:
+        """Answer with a 5xx server error (500, 502, 503...).
+
+        Args:
+            status: The 5xx status.
+            headers: Extra response headers.
+
+        Returns:
+            The fault.
+        """
+        if not 500 <= status <= 599:
+            raise ValueError(f"server_error needs a 5xx status, got {status}")
+        return cls.http_error(status, headers=headers)
+
+    @classmethod
+    def context_overflow(cls) -> Fault:
+        """Answer 400 the way each provider reports a prompt longer than the context window.
+
+        Returns:
+            The fault.
+        """
+        return cls.http_error(400, code="context_length_exceeded", message=_CONTEXT_OVERFLOW)
+
+    # -- connection faults -----------------------------------------------------------
+
+    @classmethod
+    def drop_before_headers(cls, *, reset: bool = False) -> Fault:
+        """Close the connection after reading the request, before any response byte.
+
+        httpx reports ``RemoteProtocolError("Server disconnected without sending
+        a response.")``; the SDKs wrap it as ``APIConnectionError``.
+
+        Args:
+            reset: Close with a TCP reset instead of a FIN.
+
+        Returns:
+            The fault.
+        """
+        return cls(FaultKind.DROP_BEFORE_HEADERS, reset=reset)
+
+    @classmethod
+    def drop_after_bytes(cls, count: int, *, reset: bool = False) -> Fault:
+        """Send the headers and ``count`` body bytes, then close the connection.
+
+        Streams use chunked transfer encoding, so the client sees an incomplete
+        body (``RemoteProtocolError``: peer closed connection without sending
+        complete message body), never a clean end.
+
+        Args:
+            count: Body bytes sent before the drop (SSE text, not chunk framing).
+            reset: Close with a TCP reset instead of a FIN.
+
+        Returns:
+            The fault.
+        """
+        return cls(FaultKind.DROP_AFTER_BYTES, count=count, reset=reset)
+
+    @classmethod
+    def drop_after_events(cls, count: int, *, reset: bool = False) -> Fault:
+        """Send the headers and the first ``count`` SSE events, then close the connection.
+
+        Every SSE frame counts, including OpenAI's first role chunk and
+        Anthropic's ``message_start``. A non-streamed response is cut halfway
+        through its JSON body.
+
+        Args:
+            count: Events sent before the drop.
+            reset: Close with a TCP reset instead of a FIN.
+
+        Returns:
+            The fault.
+        """
+        return cls(FaultKind.DROP_AFTER_EVENTS, count=count, reset=reset)
+
+    # -- stream faults ---------------------------------------------------------------
+
+    @classmethod
+    def error_event(
+        cls,
+        *,
+        after_events: int = 1,
+        error_type: str | None = None,
+        message: str | None = None,
+    ) -> Fault:
+        """Send an SSE error event inside the HTTP 200 stream, then end the body.
+
+        Anthropic: ``event: error`` with ``{"type": "error", "error": {"type":
+        "overloaded_error", ...}}`` (the SDK raises ``APIStatusError`` with
+        ``status_code == 200``). OpenAI: ``data: {"error": {"type":
+        "server_error", ...}}`` (the SDK raises ``APIError``). A non-streamed
+        request gets the error body with HTTP 200.
+
+        Args:
+            after_events: Events sent before the error event.
+            error_type: Provider error type; ``None`` gives ``overloaded_error``
+                (Anthropic) or ``server_error`` (OpenAI).
+            message: Error message; ``None`` picks a default.
+
+        Returns:
+            The fault.
+        """
+        return cls(
+            FaultKind.ERROR_EVENT, count=after_events, error_type=error_type, message=message
+        )
+
+    @classmethod
+    def no_terminal_event(cls, *, after_events: int | None = None) -> Fault:
+        """End the body cleanly without the terminal signal.
+
+        The stream lacks OpenAI's ``finish_reason`` chunk, usage chunk and
+        ``data: [DONE]``, or Anthropic's ``message_delta`` (``stop_reason``) and
+        ``message_stop``. The SDKs simply stop iterating: no error is raised. A
+        non-streamed response carries ``finish_reason``/``stop_reason`` ``null``.
+
+        Args:
+            after_events: End after this many events; ``None`` sends every
+                content event and omits only the terminal ones.
+
+        Returns:
+            The fault.
+        """
+        return cls(FaultKind.NO_TERMINAL_EVENT, count=after_events)
+
+    @classmethod
+    def stall(cls, seconds: float, *, after_events: int = 1) -> Fault:
+        """Pause ``seconds`` after ``after_events`` events, then send the rest.
+
+        The pause ends early when the server shuts down. A client read timeout
+        shorter than the stall surfaces as ``ReadTimeout``/``APITimeoutError``.
+        A non-streamed response stalls before its headers.
+
+        Args:
+            seconds: Length of the pause.
+            after_events: Events sent before the pause.
+
+        Returns:
+            The fault.
+        """
+        return cls(FaultKind.STALL, count=after_events, seconds=seconds)
+
+    @classmethod
+    def malformed_sse(cls, *, after_events: int = 1) -> Fault:
+        """Send an event whose ``data`` is not valid JSON, then end the body.
+
+        The SDKs raise ``json.JSONDecodeError`` while decoding it. A
+        non-streamed request gets a truncated JSON body.
+
+        Args:
+            after_events: Events sent before the malformed one.
+
+        Returns:
+            The fault.
+        """
+        return cls(FaultKind.MALFORMED_SSE, count=after_events)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The scripted answer to one request.
+
+    Attributes:
+        text: Assistant text. A string is split into pieces of ``chunk_size``
+            characters; a sequence of strings gives the exact pieces.
+        tool_calls: Tool calls, streamed after the text.
+        usage: Reported token usage; ``None`` estimates it (about four
+            characters per token of the request messages and of the output).
+        chunk_size: Characters per streamed text delta or argument fragment.
+        delay: Seconds to wait between streamed events (interrupted on shutdown).
+        stop_reason: Terminal reason; ``None`` picks ``stop``/``tool_calls``
+            (OpenAI) or ``end_turn``/``tool_use`` (Anthropic). Use ``"length"``
+            or ``"max_tokens"`` to script a truncated answer; the value is sent as
+            is to both formats.
+        fault: What goes wrong, if anything.
+        provider: Answer only requests in this wire format; ``None`` answers
+            either. A queued scenario for the other format stays queued.
+        model: The model name reported; ``None`` echoes the request's ``model``.
+        headers: Extra response headers (sent on success and on faults).
+        name: A label, shown in :class:`RecordedRequest` and logs.
+    """
+
+    text: str | Sequence[str] = ""
+    tool_calls: Sequence[ScriptedToolCall] = ()
+    usage: TokenUsage | None = None
+    chunk_size: int = 4
+    delay: float = 0.0
+    stop_reason: str | None = None
+    fault: Fault | None = None
+    provider: Provider | None = None
+    model: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise ValueError(f"Scenario chunk_size must be >= 1, got {self.chunk_size}")
+        if self.delay < 0:
+            raise ValueError(f"Scenario delay must be >= 0, got {self.delay}")
+        if self.provider is not None and self.provider not in PROVIDERS:
+            raise ValueError(
+                f"Scenario provider must be one of {PROVIDERS} or None, got {self.provider!r}"
+            )
+        # Freeze sequences so a scenario can be shared between threads safely.
+        if not isinstance(self.text, str):
+            object.__setattr__(self, "text", tuple(self.text))
+        object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+
+    @property
+    def full_text(self) -> str:
+        """The complete assistant text, as the client reassembles it."""
+        return self.text if isinstance(self.text, str) else "".join(self.text)
+
+    def text_pieces(self) -> list[str]:
+        """The text deltas to stream, in order (empty when there is no text)."""
+        if isinstance(self.text, str):
+            return split(self.text, self.chunk_size)
+        return [piece for piece in self.text if piece]
+
+    def argument_pieces(self, call: ScriptedToolCall) -> list[str]:
+        """The argument fragments of ``call`` to stream, in order."""
+        if isinstance(call.arguments, str | Mapping):
+            return split(call.arguments_json, self.chunk_size)
+        return [piece for piece in call.arguments if piece]
+
+
+def split(text: str, size: int) -> list[str]:
+    """Split ``text`` into consecutive pieces of at most ``size`` characters."""
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds < 0:
+        raise ValueError(f"retry_after must be >= 0 seconds, got {seconds}")
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
+
+
+_CONTEXT_OVERFLOW = "context_overflow"
+"""Sentinel message: the wire layer renders each provider's own overflow wording."""

@@ -1,0 +1,832 @@
+"""A loopback OpenAI- and Anthropic-compatible streaming server with fault injection.
+
+:class:`LoopbackProvider` listens on ``127.0.0.1`` (a random free port by
+default) in a background thread and answers:
+
+- ``POST /v1/chat/completions``: OpenAI Chat Completions, streamed (SSE
+  ``chat.completion.chunk`` events and ``data: [DONE]``) or not;
+- ``POST /v1/messages``: Anthropic Messages, streamed (``message_start`` ...
+  ``message_stop``) or not.
+
+Each request is answered by the next queued :class:`Scenario` (text, tool calls,
+usage, chunking, pacing) and its optional :class:`Fault` (HTTP errors with retry
+hints, dropped connections, SSE error events, missing terminal events, stalls,
+malformed SSE). The server owns the TCP connection, so a drop is a real drop.
+Every request is recorded for assertions, and request bodies are validated
+like the real APIs do (see ``shape_rules``).
+
+Point the official SDKs or the LangChain integrations at it::
+
+    from langchain_openai import ChatOpenAI
+    from awaken_langchain.testing import Fault, LoopbackProvider, Scenario
+
+    with LoopbackProvider() as server:
+        server.enqueue(Scenario(text="Hello there", fault=Fault.drop_after_events(2)))
+        model = ChatOpenAI(base_url=server.base_url_openai, api_key="x", max_retries=0)
+        ...
+        assert len(server.requests_for("openai")) == 1
+
+Run it standalone (for demos) with
+``python -m awaken_langchain.testing.server --port 8765``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import socket
+import struct
+import sys
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType, TracebackType
+from typing import Any, Self
+from urllib.parse import urlsplit
+
+from awaken_langchain.testing._scenarios import (
+    Fault,
+    FaultKind,
+    Provider,
+    Scenario,
+    ScriptedToolCall,
+    TokenUsage,
+)
+from awaken_langchain.testing._shapes import (
+    DEFAULT_SHAPE_RULES,
+    NO_ASSISTANT_PREFILL,
+    ShapeRule,
+    first_violation,
+)
+from awaken_langchain.testing._wire import (
+    Frame,
+    ResponseContext,
+    anthropic_frames,
+    anthropic_message,
+    error_body,
+    error_frame,
+    estimate_usage,
+    malformed_frame,
+    openai_completion,
+    openai_frames,
+    stream_error_type,
+)
+
+__all__ = [
+    "DEFAULT_SHAPE_RULES",
+    "NO_ASSISTANT_PREFILL",
+    "Fault",
+    "FaultKind",
+    "LoopbackProvider",
+    "Provider",
+    "RecordedRequest",
+    "Responder",
+    "Scenario",
+    "ScriptedToolCall",
+    "ShapeRule",
+    "TokenUsage",
+    "echo_responder",
+]
+
+logger = logging.getLogger("awaken_langchain.testing.server")
+
+DEFAULT_ANSWER = "This is the loopback provider answering."
+"""The text of the default scenario, used when the queue is empty."""
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request the server received, as it arrived.
+
+    Attributes:
+        number: Sequence number on this server, starting at 1.
+        method: HTTP method.
+        path: Request path without the query string.
+        query: The query string (``""`` when none).
+        headers: Request headers, names lower-cased.
+        raw_body: The body bytes.
+        body: The body parsed as JSON, or ``None`` when it is not JSON.
+        provider: The wire format the path belongs to, or ``None`` for an
+            unknown path.
+        scenario: The scenario that answered, or ``None`` when the request was
+            rejected (unknown path, invalid JSON, shape rule).
+        rejected_by: The name of the shape rule the request broke, if any.
+    """
+
+    number: int
+    method: str
+    path: str
+    query: str
+    headers: Mapping[str, str]
+    raw_body: bytes
+    body: Any
+    provider: Provider | None
+    scenario: Scenario | None = None
+    rejected_by: str | None = None
+
+    @property
+    def stream(self) -> bool:
+        """Whether the request asked for a streamed response."""
+        return isinstance(self.body, dict) and self.body.get("stream") is True
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        """The request's ``messages`` list (empty when absent)."""
+        if isinstance(self.body, dict) and isinstance(self.body.get("messages"), list):
+            return list(self.body["messages"])
+        return []
+
+
+Responder = Callable[[RecordedRequest], Scenario]
+"""Builds the answer to a request when no queued scenario is left."""
+
+
+def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Responder:
+    """A responder that answers with the text of the last user message.
+
+    Args:
+        prefix: Text put before the echoed message.
+        chunk_size: Characters per streamed delta.
+
+    Returns:
+        A responder usable as ``LoopbackProvider(default=...)``.
+    """
+
+    def respond(request: RecordedRequest) -> Scenario:
+        return Scenario(text=prefix + _last_user_text(request.messages), chunk_size=chunk_size)
+
+    return respond
+
+
+class LoopbackProvider:
+    """A loopback OpenAI/Anthropic server answering from scripted scenarios.
+
+    Use it as a context manager (or call :meth:`start`/:meth:`stop`). It is
+    thread-safe: scenarios can be queued and requests read while clients run,
+    sync or async.
+
+    Args:
+        scenarios: Scenarios to queue, answered in order.
+        default: What answers a request when no queued scenario fits: a
+            :class:`Scenario`, or a :data:`Responder` called with the request.
+        shape_rules: Request validation rules; a request that breaks one is
+            answered 400 with a provider-style error. Pass ``()`` to disable.
+        host: Interface to listen on.
+        port: Port to listen on; ``0`` picks a free one.
+    """
+
+    def __init__(
+        self,
+        scenarios: Iterable[Scenario] = (),
+        *,
+        default: Scenario | Responder = Scenario(text=DEFAULT_ANSWER),  # noqa: B008
+        shape_rules: Sequence[ShapeRule] = DEFAULT_SHAPE_RULES,
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
+        self._lock = threading.RLock()
+        self._queue: list[Scenario] = list(scenarios)
+        self._requests: list[RecordedRequest] = []
+        self._default: Scenario | Responder = default
+        self.shape_rules: tuple[ShapeRule, ...] = tuple(shape_rules)
+        self._host = host
+        self._requested_port = port
+        self._stopping = threading.Event()
+        self._server: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._connections: dict[socket.socket, threading.Thread] = {}
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Bind the port and start serving in a background thread.
+
+        Returns:
+            The server itself.
+
+        Raises:
+            RuntimeError: The server is already running.
+        """
+        if self._server is not None:
+            raise RuntimeError("LoopbackProvider is already running; call stop() first")
+        self._stopping.clear()
+        server = _HTTPServer((self._host, self._requested_port), _Handler, self)
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.02},
+            name=f"loopback-provider:{server.server_address[1]}",
+            daemon=True,
+        )
+        self._thread.start()
+        logger.debug("loopback provider listening on %s", self.url)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, end stalls, close open connections and wait for handlers.
+
+        Idempotent: stopping a stopped server does nothing.
+        """
+        server, thread = self._server, self._thread
+        if server is None:
+            return
+        self._stopping.set()
+        server.shutdown()
+        server.server_close()
+        with self._lock:
+            connections = dict(self._connections)
+        for connection in connections:
+            _shutdown_quietly(connection)
+        for handler_thread in connections.values():
+            handler_thread.join(timeout=5)
+        if thread is not None:
+            thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        """Whether the server is serving."""
+        return self._server is not None
+
+    # -- addresses --------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound port.
+
+        Raises:
+            RuntimeError: The server is not running.
+        """
+        if self._server is None:
+            raise RuntimeError("LoopbackProvider is not running; use it as a context manager")
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """The server root, for example ``http://127.0.0.1:50123``."""
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def base_url_openai(self) -> str:
+        """Base URL for the OpenAI SDK / ``ChatOpenAI(base_url=...)`` (ends in ``/v1``)."""
+        return f"{self.url}/v1"
+
+    @property
+    def base_url_anthropic(self) -> str:
+        """Base URL for the Anthropic SDK / ``ChatAnthropic(base_url=...)``."""
+        return self.url
+
+    # -- scripting --------------------------------------------------------------------
+
+    def enqueue(self, *scenarios: Scenario) -> None:
+        """Append scenarios to the queue; each answers one request, in order."""
+        with self._lock:
+            self._queue.extend(scenarios)
+
+    def script(self, scenarios: Iterable[Scenario]) -> None:
+        """Replace the queue with ``scenarios``."""
+        with self._lock:
+            self._queue = list(scenarios)
+
+    @property
+    def pending(self) -> tuple[Scenario, ...]:
+        """The queued scenarios no request has consumed yet."""
+        with self._lock:
+            return tuple(self._queue)
+
+    @property
+    def default(self) -> Scenario | Responder:
+        """What answers a request when no queued scenario fits."""
+        with self._lock:
+            return self._default
+
+    @default.setter
+    def default(self, value: Scenario | Responder) -> None:
+        with self._lock:
+            self._default = value
+
+    # -- recording --------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every request received so far, oldest first (a copy)."""
+        with self._lock:
+            return list(self._requests)
+
+    def requests_for(self, provider: Provider) -> list[RecordedRequest]:
+        """The requests received in ``provider``'s wire format, oldest first."""
+        return [r for r in self.requests if r.provider == provider]
+
+    def reset(self) -> None:
+        """Forget recorded requests and queued scenarios."""
+        with self._lock:
+            self._requests.clear()
+            self._queue.clear()
+
+    # -- request handling (called from handler threads) -------------------------------
+
+    def _admit(self, request: RecordedRequest) -> RecordedRequest:
+        """Validate the request, pick the scenario that answers it, and record it."""
+        rejection = None
+        answerable = request.provider is not None and isinstance(request.body, dict)
+        if answerable and request.provider is not None:
+            rejection = first_violation(self.shape_rules, request.provider, request.body)
+        with self._lock:
+            request = dataclasses.replace(request, number=len(self._requests) + 1)
+            if rejection is not None:
+                request = dataclasses.replace(request, rejected_by=rejection[0].name)
+            elif answerable and request.provider is not None:
+                scenario = self._take(request.provider)
+                if scenario is None:
+                    default = self._default
+                    scenario = default if isinstance(default, Scenario) else default(request)
+                request = dataclasses.replace(request, scenario=scenario)
+            self._requests.append(request)
+        return request
+
+    def _take(self, provider: Provider) -> Scenario | None:
+        for i, scenario in enumerate(self._queue):
+            if scenario.provider in (None, provider):
+                return self._queue.pop(i)
+        return None
+
+    def _register(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections[connection] = threading.current_thread()
+
+    def _unregister(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.pop(connection, None)
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep ``seconds``; return False if the server began stopping meanwhile."""
+        return not self._stopping.wait(seconds) if seconds > 0 else not self._stopping.is_set()
+
+
+# -- HTTP plumbing --------------------------------------------------------------------
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        provider: LoopbackProvider,
+    ) -> None:
+        self.provider = provider
+        super().__init__(address, handler)
+
+
+@dataclass(frozen=True)
+class _Write:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class _Pause:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Drop:
+    reset: bool
+
+
+_Step = _Write | _Pause | _Drop
+
+
+def plan_stream(
+    frames: Sequence[Frame],
+    fault: Fault | None,
+    *,
+    delay: float = 0.0,
+    extra: Frame | None = None,
+) -> list[_Step]:
+    """Turn rendered SSE frames and a fault into the exact steps sent on the wire.
+
+    Args:
+        frames: The complete response, as rendered.
+        fault: The fault to apply, if any.
+        delay: Seconds to pause between events.
+        extra: The error or malformed frame for ``ERROR_EVENT``/``MALFORMED_SSE``.
+
+    Returns:
+        Body writes, pauses and at most one final drop. A plan without a drop
+        ends the body cleanly.
+    """
+    kind = fault.kind if fault is not None else None
+    count = fault.count if fault is not None and fault.count is not None else 0
+    tail: list[_Step] = []
+    sent: list[Frame]
+    if kind is FaultKind.DROP_AFTER_EVENTS:
+        sent = list(frames[:count])
+        tail = [_Drop(fault.reset if fault else False)]
+    elif kind is FaultKind.DROP_AFTER_BYTES:
+        sent, budget = [], count
+        for frame in frames:
+            if budget <= 0:
+                break
+            sent.append(Frame(frame.data[:budget], frame.terminal))
+            budget -= len(frame.data)
+        tail = [_Drop(fault.reset if fault else False)]
+    elif kind in (FaultKind.ERROR_EVENT, FaultKind.MALFORMED_SSE):
+        assert extra is not None, "an error or malformed frame is required"
+        sent = [*frames[:count], extra]
+    elif kind is FaultKind.NO_TERMINAL_EVENT:
+        if fault is not None and fault.count is None:
+            sent = [frame for frame in frames if not frame.terminal]
+        else:
+            sent = list(frames[:count])
+    else:
+        sent = list(frames)
+    steps: list[_Step] = []
+    for i, frame in enumerate(sent):
+        if i and delay:
+            steps.append(_Pause(delay))
+        if kind is FaultKind.STALL and fault is not None and i == count:
+            steps.append(_Pause(fault.seconds))
+        steps.append(_Write(frame.data))
+    if kind is FaultKind.STALL and fault is not None and count >= len(sent):
+        steps.append(_Pause(fault.seconds))
+    return steps + tail
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+    server_version = "loopback-provider"
+
+    @property
+    def provider(self) -> LoopbackProvider:
+        return self.server.provider
+
+    def setup(self) -> None:
+        super().setup()
+        self.provider._register(self.connection)
+
+    def finish(self) -> None:
+        self.provider._unregister(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        logger.debug("%s " + format, self.address_string(), *args)
+
+    def do_POST(self) -> None:
+        try:
+            self._handle()
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
+            # The client went away (for example after a read timeout): nothing to answer.
+            self.close_connection = True
+
+    do_GET = do_PUT = do_DELETE = do_PATCH = do_POST
+
+    # -- one request ------------------------------------------------------------------
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            body = None
+        parts = urlsplit(self.path)
+        provider = _provider_for(self.command, parts.path)
+        request = self.provider._admit(
+            RecordedRequest(
+                number=0,
+                method=self.command,
+                path=parts.path,
+                query=parts.query,
+                headers={k.lower(): v for k, v in self.headers.items()},
+                raw_body=raw,
+                body=body,
+                provider=provider,
+            )
+        )
+        request_id = f"req_loopback_{request.number}"
+        if provider is None:
+            message = f"Unknown request URL: {self.command} {parts.path}."
+            self._send_json(404, error_body("openai", 404, request_id=request_id, message=message))
+            return
+        if not isinstance(body, dict):
+            message = "The request body is not a JSON object."
+            self._send_json(400, error_body(provider, 400, request_id=request_id, message=message))
+            return
+        if request.rejected_by is not None:
+            violation = first_violation(self.provider.shape_rules, provider, body)
+            message = violation[1] if violation else request.rejected_by
+            self._send_json(
+                400, error_body(provider, 400, request_id=request_id, message=message), provider
+            )
+            return
+        assert request.scenario is not None
+        self._answer(request, provider, request.scenario, body)
+
+    def _answer(
+        self, request: RecordedRequest, provider: Provider, scenario: Scenario, body: Any
+    ) -> None:
+        ctx = ResponseContext(
+            number=request.number,
+            model=scenario.model or str(body.get("model") or "loopback"),
+            usage=estimate_usage(body, scenario),
+            include_usage=provider == "openai"
+            and bool((body.get("stream_options") or {}).get("include_usage")),
+        )
+        fault = scenario.fault
+        headers = {**_request_id_header(provider, ctx.request_id), **scenario.headers}
+        if fault is not None:
+            headers.update(fault.headers)
+        kind = fault.kind if fault is not None else None
+        logger.debug("request %d (%s) answered by %r", request.number, provider, scenario)
+
+        if kind is FaultKind.DROP_BEFORE_HEADERS:
+            self._drop(fault.reset if fault else False)
+            return
+        if fault is not None and kind is FaultKind.HTTP_ERROR:
+            error = error_body(
+                provider,
+                fault.status,
+                request_id=ctx.request_id,
+                error_type=fault.error_type,
+                message=fault.message,
+                code=fault.code,
+            )
+            self._send_json(fault.status, error, provider, headers)
+            return
+        if request.stream:
+            self._stream(provider, scenario, ctx, headers)
+        else:
+            self._complete(provider, scenario, ctx, headers)
+
+    def _stream(
+        self,
+        provider: Provider,
+        scenario: Scenario,
+        ctx: ResponseContext,
+        headers: Mapping[str, str],
+    ) -> None:
+        fault = scenario.fault
+        frames = (openai_frames if provider == "openai" else anthropic_frames)(scenario, ctx)
+        extra = None
+        if fault is not None and fault.kind is FaultKind.ERROR_EVENT:
+            error_type = stream_error_type(provider, fault.error_type)
+            extra = error_frame(
+                provider,
+                error_body(
+                    provider,
+                    200,
+                    request_id=ctx.request_id,
+                    error_type=error_type,
+                    message=fault.message or _STREAM_ERROR_MESSAGES.get(error_type),
+                ),
+            )
+        elif fault is not None and fault.kind is FaultKind.MALFORMED_SSE:
+            extra = malformed_frame(provider)
+        steps = plan_stream(frames, fault, delay=scenario.delay, extra=extra)
+
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream; charset=utf-8")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        for step in steps:
+            if isinstance(step, _Pause):
+                if not self.provider._wait(step.seconds):
+                    self._drop(reset=False)
+                    return
+            elif isinstance(step, _Write):
+                if step.data:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(step.data), step.data))
+            else:
+                self._drop(step.reset)
+                return
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _complete(
+        self,
+        provider: Provider,
+        scenario: Scenario,
+        ctx: ResponseContext,
+        headers: Mapping[str, str],
+    ) -> None:
+        fault = scenario.fault
+        kind = fault.kind if fault is not None else None
+        terminal = kind is not FaultKind.NO_TERMINAL_EVENT
+        try:
+            if provider == "openai":
+                payload = openai_completion(scenario, ctx, terminal=terminal)
+            else:
+                payload = anthropic_message(scenario, ctx, terminal=terminal)
+        except ValueError as exc:
+            body = error_body(provider, 500, request_id=ctx.request_id, message=str(exc))
+            self._send_json(500, body, provider, headers)
+            return
+        if fault is not None and kind is FaultKind.ERROR_EVENT:
+            error_type = stream_error_type(provider, fault.error_type)
+            message = fault.message or _STREAM_ERROR_MESSAGES.get(error_type)
+            payload = error_body(
+                provider, 200, request_id=ctx.request_id, error_type=error_type, message=message
+            )
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        if fault is not None and kind is FaultKind.STALL and not self.provider._wait(fault.seconds):
+            self._drop(reset=False)
+            return
+        cut: int | None = None
+        if fault is not None and kind is FaultKind.DROP_AFTER_BYTES:
+            cut = min(fault.count or 0, len(data) - 1)
+        elif kind is FaultKind.DROP_AFTER_EVENTS:
+            cut = len(data) // 2
+        elif kind is FaultKind.MALFORMED_SSE:
+            data = data[: len(data) // 2]
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        for name, value in headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        if cut is None:
+            self.wfile.write(data)
+            return
+        self.wfile.write(data[:cut])
+        self._drop(fault.reset if fault is not None else False)
+
+    # -- low-level writes -------------------------------------------------------------
+
+    def _send_json(
+        self,
+        status: int,
+        payload: Any,
+        provider: Provider | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        data = json.dumps(payload, separators=(",", ":")).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        if provider is not None and headers is None:
+            headers = _request_id_header(provider, _request_id_of(payload))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _drop(self, reset: bool) -> None:
+        """Close the TCP connection now, with a FIN (or a RST when ``reset``)."""
+        self.close_connection = True
+        if reset:
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            for stream in (self.rfile, self.wfile):
+                with contextlib.suppress(OSError):
+                    stream.close()
+            self.connection.close()
+        else:
+            _shutdown_quietly(self.connection)
+
+
+_STREAM_ERROR_MESSAGES = {
+    "overloaded_error": "Overloaded",
+    "server_error": "The server had an error while processing your request. Sorry about that!",
+    "api_error": "Internal server error",
+}
+
+
+def _provider_for(method: str, path: str) -> Provider | None:
+    path = path.rstrip("/")
+    if method != "POST":
+        return None
+    if path.endswith("/chat/completions"):
+        return "openai"
+    if path.endswith("/v1/messages"):
+        return "anthropic"
+    return None
+
+
+def _request_id_header(provider: Provider, request_id: str) -> dict[str, str]:
+    return {"x-request-id" if provider == "openai" else "request-id": request_id}
+
+
+def _request_id_of(payload: Any) -> str:
+    if isinstance(payload, dict) and isinstance(payload.get("request_id"), str):
+        return str(payload["request_id"])
+    return "req_loopback"
+
+
+def _shutdown_quietly(connection: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        connection.shutdown(socket.SHUT_RDWR)
+
+
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            texts = [
+                str(block.get("text", ""))
+                for block in content
+                if isinstance(block, Mapping) and block.get("type") == "text"
+            ]
+            return " ".join(texts)
+    return ""
+
+
+# -- command line ---------------------------------------------------------------------
+
+
+def _cli_responder(args: argparse.Namespace) -> Scenario | Responder:
+    base = Scenario(text=args.text, chunk_size=args.chunk_size, delay=args.delay)
+    if not args.echo and not args.drop_every:
+        return base
+    echo = echo_responder(chunk_size=args.chunk_size)
+    counter = iter(range(1, sys.maxsize))
+
+    def respond(request: RecordedRequest) -> Scenario:
+        scenario = echo(request) if args.echo else base
+        scenario = dataclasses.replace(scenario, delay=args.delay)
+        if args.drop_every and next(counter) % args.drop_every == 0:
+            scenario = dataclasses.replace(
+                scenario, fault=Fault.drop_after_events(args.drop_after_events)
+            )
+        return scenario
+
+    return respond
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the loopback provider until interrupted (SIGINT or SIGTERM).
+
+    Prints one line with the base URLs once the port is bound, so a parent
+    process can read where to connect.
+
+    Args:
+        argv: Command-line arguments (defaults to ``sys.argv[1:]``).
+
+    Returns:
+        The process exit status.
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m awaken_langchain.testing.server",
+        description="Loopback OpenAI- and Anthropic-compatible streaming server.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one")
+    parser.add_argument("--text", default=DEFAULT_ANSWER, help="the answer to every request")
+    parser.add_argument("--echo", action="store_true", help="answer with the last user message")
+    parser.add_argument("--chunk-size", type=int, default=4, help="characters per delta")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds between events")
+    parser.add_argument(
+        "--drop-every", type=int, default=0, help="drop the connection on every Nth request"
+    )
+    parser.add_argument(
+        "--drop-after-events", type=int, default=3, help="events sent before such a drop"
+    )
+    args = parser.parse_args(argv)
+    if args.drop_every < 0 or args.drop_after_events < 0 or args.chunk_size < 1:
+        parser.error("--drop-every and --drop-after-events must be >= 0, --chunk-size >= 1")
+
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    with LoopbackProvider(default=_cli_responder(args), host=args.host, port=args.port) as server:
+        print(
+            f"loopback provider listening: openai={server.base_url_openai} "
+            f"anthropic={server.base_url_anthropic}",
+            flush=True,
+        )
+        while not done.wait(0.2):
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

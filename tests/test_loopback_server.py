@@ -1,0 +1,755 @@
+"""The loopback provider server, driven by the real SDKs and LangChain integrations."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx2
+import openai
+import pytest
+from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk, HumanMessage
+from langchain_openai import ChatOpenAI
+
+from awaken_langchain.testing import (
+    NO_ASSISTANT_PREFILL,
+    Fault,
+    LoopbackProvider,
+    RecordedRequest,
+    Scenario,
+    ScriptedToolCall,
+    TokenUsage,
+    echo_responder,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+WEATHER_CALL = ScriptedToolCall("get_weather", {"city": "Paris", "unit": "celsius"})
+TEXT = "The quick brown fox jumps over the lazy dog."
+ANTHROPIC_MODEL = "claude-sonnet-4-6"
+OPENAI_MODEL = "gpt-4o-mini"
+
+
+@pytest.fixture
+def server(loopback_provider: LoopbackProvider) -> LoopbackProvider:
+    return loopback_provider
+
+
+def openai_client(server: LoopbackProvider, **kwargs: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url_openai, api_key="x", max_retries=0, **kwargs)
+
+
+def anthropic_client(server: LoopbackProvider, **kwargs: Any) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=server.base_url_anthropic, api_key="x", max_retries=0, **kwargs
+    )
+
+
+def chat_openai(server: LoopbackProvider, **kwargs: Any) -> ChatOpenAI:
+    return ChatOpenAI(
+        model=OPENAI_MODEL, base_url=server.base_url_openai, api_key="x", max_retries=0, **kwargs
+    )
+
+
+def chat_anthropic(server: LoopbackProvider, **kwargs: Any) -> ChatAnthropic:
+    return ChatAnthropic(
+        model=ANTHROPIC_MODEL,
+        base_url=server.base_url_anthropic,
+        api_key="x",
+        max_retries=0,
+        **kwargs,
+    )
+
+
+def merge(chunks: list[BaseMessageChunk]) -> AIMessageChunk:
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged = merged + chunk
+    assert isinstance(merged, AIMessageChunk)
+    return merged
+
+
+def drain_text(stream: Any, received: list[str]) -> None:
+    """Consume a LangChain stream, keeping each chunk's text as it arrives."""
+    for chunk in stream:
+        received.append(chunk.text)
+
+
+def collect(iterable: Any, into: list[Any]) -> None:
+    """Consume ``iterable``, keeping each item as it arrives (even if it then fails)."""
+    for item in iterable:
+        into.append(item)
+
+
+def openai_stream(server: LoopbackProvider, **kwargs: Any) -> Any:
+    return openai_client(server).chat.completions.create(
+        model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True, **kwargs
+    )
+
+
+def anthropic_stream(server: LoopbackProvider, **kwargs: Any) -> Any:
+    return anthropic_client(server).messages.create(
+        model=ANTHROPIC_MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        **kwargs,
+    )
+
+
+# -- streaming text and tool calls ----------------------------------------------------
+
+
+def test_openai_sdk_streams_text_in_chunk_size_pieces(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, chunk_size=5))
+    chunks = list(openai_stream(server))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    deltas = [d for d in deltas if d]
+    assert "".join(deltas) == TEXT
+    assert max(len(d) for d in deltas) == 5
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_anthropic_sdk_streams_text_events_in_order(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, chunk_size=7))
+    events = list(anthropic_stream(server))
+    types = [e.type for e in events]
+    assert types[0] == "message_start"
+    assert types[-2:] == ["message_delta", "message_stop"]
+    text = "".join(e.delta.text for e in events if e.type == "content_block_delta")
+    assert text == TEXT
+    assert events[-2].delta.stop_reason == "end_turn"
+
+
+def test_chat_openai_reassembles_fragmented_tool_call_arguments(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text="Let me check.", tool_calls=[WEATHER_CALL], chunk_size=3))
+    model = chat_openai(server).bind_tools([WEATHER_TOOL])
+    chunks = list(model.stream("Weather in Paris?"))
+    fragments = [tc for c in chunks for tc in getattr(c, "tool_call_chunks", []) if tc["args"]]
+    assert len(fragments) > 5
+    message = merge(chunks)
+    assert message.content == "Let me check."
+    assert message.tool_calls == [
+        {
+            "name": "get_weather",
+            "args": {"city": "Paris", "unit": "celsius"},
+            "id": "call_1_0",
+            "type": "tool_call",
+        }
+    ]
+    assert message.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_chat_anthropic_reassembles_fragmented_tool_call_arguments(
+    server: LoopbackProvider,
+) -> None:
+    second = ScriptedToolCall("get_weather", ['{"ci', 'ty": "Ro', 'me"}'], id="toolu_given")
+    server.enqueue(Scenario(text="Checking.", tool_calls=[WEATHER_CALL, second], chunk_size=2))
+    model = chat_anthropic(server).bind_tools([WEATHER_TOOL])
+    message = merge(list(model.stream("Weather in Paris and Rome?")))
+    assert [(c["id"], c["args"]) for c in message.tool_calls] == [
+        ("toolu_1_0", {"city": "Paris", "unit": "celsius"}),
+        ("toolu_given", {"city": "Rome"}),
+    ]
+    assert message.text == "Checking."
+    assert message.response_metadata["stop_reason"] == "tool_use"
+
+
+async def test_chat_openai_astream_streams_text_and_tool_calls(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, tool_calls=[WEATHER_CALL]))
+    model = chat_openai(server).bind_tools([WEATHER_TOOL])
+    chunks = [chunk async for chunk in model.astream("hi")]
+    message = merge(chunks)
+    assert message.content == TEXT
+    assert message.tool_calls[0]["args"] == {"city": "Paris", "unit": "celsius"}
+
+
+async def test_chat_anthropic_astream_streams_text_and_tool_calls(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text=TEXT, tool_calls=[WEATHER_CALL]))
+    model = chat_anthropic(server).bind_tools([WEATHER_TOOL])
+    message = merge([chunk async for chunk in model.astream("hi")])
+    assert message.text == TEXT
+    assert message.tool_calls[0]["args"] == {"city": "Paris", "unit": "celsius"}
+
+
+def test_non_streamed_invoke_returns_text_and_tool_calls(server: LoopbackProvider) -> None:
+    server.enqueue(
+        Scenario(text="Sure.", tool_calls=[WEATHER_CALL], provider="openai"),
+        Scenario(text="Sure.", tool_calls=[WEATHER_CALL], provider="anthropic"),
+    )
+    for model in (chat_openai(server), chat_anthropic(server)):
+        reply = model.bind_tools([WEATHER_TOOL]).invoke("Weather?")
+        assert isinstance(reply, AIMessage)
+        assert reply.text == "Sure."
+        assert reply.tool_calls[0]["args"] == {"city": "Paris", "unit": "celsius"}
+    assert [r.stream for r in server.requests] == [False, False]
+
+
+async def test_async_sdk_clients_stream(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, provider="openai"), Scenario(text=TEXT))
+    oai = openai.AsyncOpenAI(base_url=server.base_url_openai, api_key="x", max_retries=0)
+    stream = await oai.chat.completions.create(
+        model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+    )
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == TEXT
+    ant = anthropic.AsyncAnthropic(base_url=server.base_url_anthropic, api_key="x", max_retries=0)
+    async with ant.messages.stream(
+        model=ANTHROPIC_MODEL, max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+    ) as message_stream:
+        final = await message_stream.get_final_message()
+    assert final.content[0].type == "text"
+    assert final.content[0].text == TEXT
+
+
+def test_usage_chunk_is_sent_only_when_requested(server: LoopbackProvider) -> None:
+    usage = TokenUsage(input_tokens=11, output_tokens=7)
+    server.enqueue(Scenario(text="a", usage=usage), Scenario(text="a", usage=usage))
+    without = list(openai_stream(server))
+    assert all(c.usage is None for c in without)
+    with_usage = list(openai_stream(server, stream_options={"include_usage": True}))
+    assert with_usage[-1].choices == []
+    assert with_usage[-1].usage is not None
+    assert (with_usage[-1].usage.prompt_tokens, with_usage[-1].usage.completion_tokens) == (11, 7)
+
+
+def test_anthropic_usage_reaches_langchain_usage_metadata(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text="ok", usage=TokenUsage(input_tokens=20, output_tokens=3)))
+    message = merge(list(chat_anthropic(server).stream("hi")))
+    assert message.usage_metadata is not None
+    assert message.usage_metadata["input_tokens"] == 20
+    assert message.usage_metadata["output_tokens"] == 3
+
+
+def test_scripted_stop_reason_reports_truncation(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text="cut", stop_reason="max_tokens", provider="anthropic"))
+    server.enqueue(Scenario(text="cut", stop_reason="length", provider="openai"))
+    assert merge(list(chat_anthropic(server).stream("hi"))).response_metadata["stop_reason"] == (
+        "max_tokens"
+    )
+    assert merge(list(chat_openai(server).stream("hi"))).response_metadata["finish_reason"] == (
+        "length"
+    )
+
+
+# -- faults ---------------------------------------------------------------------------
+
+
+def test_drop_after_events_delivers_prefix_then_raises_protocol_error(
+    server: LoopbackProvider,
+) -> None:
+    # message_start, content_block_start, then three 4-character text deltas.
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(5)))
+    received: list[str] = []
+    with pytest.raises(httpx2.RemoteProtocolError):
+        drain_text(chat_anthropic(server).stream("hi"), received)
+    assert "".join(received) == TEXT[:12]
+
+
+def test_openai_drop_after_events_raises_connection_error(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(3)))
+    received: list[str] = []
+    with pytest.raises(openai.APIConnectionError) as caught:
+        drain_text(chat_openai(server).stream("hi"), received)
+    # LangChain's OpenAIConnectionError <- openai.APIConnectionError <- httpx2 protocol error.
+    assert isinstance(caught.value.__cause__, openai.APIConnectionError)
+    assert isinstance(caught.value.__cause__.__cause__, httpx2.RemoteProtocolError)
+    assert "".join(received) == TEXT[:8]
+
+
+def test_drop_after_bytes_cuts_the_body_mid_event(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_bytes(10)))
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    received: list[bytes] = []
+    url = server.base_url_openai + "/chat/completions"
+    with (
+        httpx2.Client() as client,
+        client.stream("POST", url, json=body) as response,
+        pytest.raises(httpx2.RemoteProtocolError),
+    ):
+        collect(response.iter_bytes(), received)
+    assert b"".join(received) == b'data: {"id'
+
+
+def test_drop_before_headers_raises_connection_error(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_before_headers()))
+    with pytest.raises(openai.APIConnectionError):
+        list(openai_stream(server))
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_before_headers()))
+    with pytest.raises(anthropic.APIConnectionError):
+        list(anthropic_stream(server))
+    assert len(server.requests) == 2
+
+
+def test_reset_drop_raises_read_error(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(3, reset=True)))
+    with pytest.raises(httpx2.ReadError):
+        list(anthropic_stream(server))
+
+
+def test_rate_limit_carries_retry_after_seconds_and_ms(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(fault=Fault.rate_limited(retry_after=7, retry_after_ms=6500)))
+    with pytest.raises(openai.RateLimitError) as caught:
+        list(openai_stream(server))
+    headers = caught.value.response.headers
+    assert (headers["retry-after"], headers["retry-after-ms"]) == ("7", "6500")
+    assert caught.value.status_code == 429
+    assert caught.value.code == "rate_limit_exceeded"
+
+
+def test_rate_limit_carries_retry_after_http_date(server: LoopbackProvider) -> None:
+    when = datetime(2030, 1, 2, 3, 4, 5, tzinfo=UTC)
+    server.enqueue(Scenario(fault=Fault.rate_limited(retry_after=when)))
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        list(anthropic_stream(server))
+    assert parsedate_to_datetime(caught.value.response.headers["retry-after"]) == when
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "rate_limit_error", "message": caught.value.body["error"]["message"]},
+        "request_id": "req_loopback_1",
+    }
+
+
+def test_langchain_wraps_rate_limit_with_retry_hint(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(fault=Fault.rate_limited(retry_after=2)))
+    with pytest.raises(anthropic.RateLimitError) as caught:
+        list(chat_anthropic(server).stream("hi"))
+    assert caught.value.response.headers["retry-after"] == "2"
+
+
+def test_anthropic_529_is_overloaded_error(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(fault=Fault.overloaded()))
+    with pytest.raises(anthropic.OverloadedError) as caught:
+        list(anthropic_stream(server))
+    assert caught.value.status_code == 529
+    assert caught.value.body["error"]["type"] == "overloaded_error"
+
+
+OPENAI_ERRORS: dict[int, tuple[type[openai.APIStatusError], str]] = {
+    400: (openai.BadRequestError, "invalid_request_error"),
+    401: (openai.AuthenticationError, "invalid_request_error"),
+    403: (openai.PermissionDeniedError, "invalid_request_error"),
+    404: (openai.NotFoundError, "invalid_request_error"),
+    413: (openai.APIStatusError, "invalid_request_error"),
+    500: (openai.InternalServerError, "server_error"),
+    502: (openai.InternalServerError, "server_error"),
+    503: (openai.InternalServerError, "server_error"),
+    529: (openai.InternalServerError, "server_error"),
+}
+ANTHROPIC_ERRORS: dict[int, tuple[type[anthropic.APIStatusError], str]] = {
+    400: (anthropic.BadRequestError, "invalid_request_error"),
+    401: (anthropic.AuthenticationError, "authentication_error"),
+    403: (anthropic.PermissionDeniedError, "permission_error"),
+    404: (anthropic.NotFoundError, "not_found_error"),
+    413: (anthropic.APIStatusError, "request_too_large"),
+    500: (anthropic.InternalServerError, "api_error"),
+    502: (anthropic.InternalServerError, "api_error"),
+    503: (anthropic.InternalServerError, "api_error"),
+    529: (anthropic.OverloadedError, "overloaded_error"),
+}
+
+
+@pytest.mark.parametrize("status", sorted(OPENAI_ERRORS))
+def test_http_error_statuses_surface_as_sdk_errors(server: LoopbackProvider, status: int) -> None:
+    openai_error, openai_type = OPENAI_ERRORS[status]
+    anthropic_error, anthropic_type = ANTHROPIC_ERRORS[status]
+    server.enqueue(Scenario(fault=Fault.http_error(status)))
+    with pytest.raises(openai_error) as from_openai:
+        list(openai_stream(server))
+    assert from_openai.value.status_code == status
+    assert from_openai.value.type == openai_type
+    server.enqueue(Scenario(fault=Fault.http_error(status)))
+    with pytest.raises(anthropic_error) as from_anthropic:
+        list(anthropic_stream(server))
+    assert from_anthropic.value.status_code == status
+    assert from_anthropic.value.body["error"]["type"] == anthropic_type
+
+
+def test_context_overflow_is_a_provider_style_bad_request(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(fault=Fault.context_overflow()))
+    with pytest.raises(openai.BadRequestError) as from_openai:
+        chat_openai(server).invoke("hi")
+    assert from_openai.value.code == "context_length_exceeded"
+    server.enqueue(Scenario(fault=Fault.context_overflow()))
+    with pytest.raises(anthropic.BadRequestError) as from_anthropic:
+        chat_anthropic(server).invoke("hi")
+    assert "prompt is too long" in from_anthropic.value.body["error"]["message"]
+
+
+def test_anthropic_error_event_raises_status_error_with_status_200(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.error_event(after_events=4)))
+    received: list[str] = []
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        drain_text(chat_anthropic(server).stream("hi"), received)
+    assert caught.value.status_code == 200
+    assert caught.value.body["error"]["type"] == "overloaded_error"
+    assert "".join(received) == TEXT[:8]
+
+
+def test_openai_error_event_raises_api_error_with_type(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.error_event(after_events=2)))
+    with pytest.raises(openai.APIError) as caught:
+        list(openai_stream(server))
+    assert not isinstance(caught.value, openai.APIStatusError)
+    assert caught.value.type == "server_error"
+
+
+def test_no_terminal_event_ends_quietly_without_finish_reason(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.no_terminal_event(), provider="openai"))
+    server.enqueue(Scenario(text=TEXT, fault=Fault.no_terminal_event(), provider="anthropic"))
+    from_openai = merge(list(chat_openai(server).stream("hi")))
+    assert from_openai.content == TEXT
+    assert "finish_reason" not in from_openai.response_metadata
+    from_anthropic = merge(list(chat_anthropic(server).stream("hi")))
+    assert from_anthropic.text == TEXT
+    assert "stop_reason" not in from_anthropic.response_metadata
+
+
+def test_no_terminal_event_after_n_events_truncates_cleanly(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.no_terminal_event(after_events=3)))
+    events = list(anthropic_stream(server))
+    assert [e.type for e in events] == [
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+    ]
+
+
+def test_stall_longer_than_read_timeout_raises_timeout(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.stall(5, after_events=2)))
+    with pytest.raises(openai.APITimeoutError):
+        list(chat_openai(server, timeout=0.2).stream("hi"))
+
+
+def test_short_stall_then_stream_completes(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.stall(0.05, after_events=2)))
+    assert merge(list(chat_anthropic(server).stream("hi"))).text == TEXT
+
+
+def test_stop_ends_a_stall_promptly() -> None:
+    server = LoopbackProvider([Scenario(text=TEXT, fault=Fault.stall(60, after_events=1))])
+    server.start()
+    client = httpx2.Client()
+    with client.stream(
+        "POST",
+        server.base_url_anthropic + "/v1/messages",
+        json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        | {"stream": True},
+    ) as response:
+        assert response.status_code == 200
+        started = time.monotonic()
+        server.stop()
+        with pytest.raises(httpx2.RemoteProtocolError):
+            list(response.iter_bytes())
+    assert time.monotonic() - started < 2
+
+
+def test_malformed_sse_raises_json_decode_error(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.malformed_sse(after_events=2)))
+    with pytest.raises(json.JSONDecodeError):
+        list(anthropic_stream(server))
+    server.enqueue(Scenario(text=TEXT, fault=Fault.malformed_sse(after_events=2)))
+    with pytest.raises(json.JSONDecodeError):
+        list(openai_stream(server))
+
+
+def test_fault_headers_and_scenario_headers_are_sent(server: LoopbackProvider) -> None:
+    server.enqueue(
+        Scenario(
+            headers={"x-scenario": "1"},
+            fault=Fault.server_error(503, headers={"x-should-retry": "false"}),
+        )
+    )
+    with pytest.raises(openai.InternalServerError) as caught:
+        list(openai_stream(server))
+    headers = caught.value.response.headers
+    assert (headers["x-scenario"], headers["x-should-retry"]) == ("1", "false")
+    assert headers["x-request-id"] == "req_loopback_1"
+
+
+# -- scenario selection and recording -------------------------------------------------
+
+
+def test_requests_are_recorded_with_body_headers_and_answering_scenario(
+    server: LoopbackProvider,
+) -> None:
+    first = Scenario(text="one", name="first")
+    second = Scenario(text="two", name="second", provider="anthropic")
+    server.script([second, first])
+    assert chat_openai(server).invoke("hello openai").text == "one"
+    assert chat_anthropic(server).invoke("hello anthropic").text == "two"
+    openai_requests = server.requests_for("openai")
+    anthropic_requests = server.requests_for("anthropic")
+    assert [r.scenario for r in openai_requests] == [first]
+    assert [r.scenario for r in anthropic_requests] == [second]
+    assert openai_requests[0].messages == [{"role": "user", "content": "hello openai"}]
+    assert openai_requests[0].headers["authorization"] == "Bearer x"
+    assert "anthropic-version" in anthropic_requests[0].headers
+    assert anthropic_requests[0].body["model"] == ANTHROPIC_MODEL
+    assert [r.number for r in server.requests] == [1, 2]
+    assert server.pending == ()
+
+
+def test_each_retry_is_recorded_as_its_own_request(server: LoopbackProvider) -> None:
+    client = openai.OpenAI(base_url=server.base_url_openai, api_key="x", max_retries=1)
+    # The SDK's own retry waits about half a second; retry-after-ms makes it immediate.
+    server.script(
+        [
+            Scenario(fault=Fault.server_error(503, headers={"retry-after-ms": "1"})),
+            Scenario(text="after retry"),
+        ]
+    )
+    reply = client.chat.completions.create(
+        model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content == "after retry"
+    assert [r.scenario.fault is not None for r in server.requests if r.scenario] == [True, False]
+    assert [r.headers["x-stainless-retry-count"] for r in server.requests] == ["0", "1"]
+
+
+def test_empty_queue_answers_with_default_scenario(server: LoopbackProvider) -> None:
+    assert chat_openai(server).invoke("hi").text == "This is the loopback provider answering."
+    server.default = Scenario(text="fixed")
+    assert chat_anthropic(server).invoke("hi").text == "fixed"
+
+
+def test_echo_responder_answers_with_last_user_message() -> None:
+    with LoopbackProvider(default=echo_responder()) as server:
+        message = merge(list(chat_anthropic(server).stream([HumanMessage("ping pong")])))
+    assert message.text == "You said: ping pong"
+
+
+def test_responder_sees_the_request(server: LoopbackProvider) -> None:
+    seen: list[RecordedRequest] = []
+
+    def respond(request: RecordedRequest) -> Scenario:
+        seen.append(request)
+        return Scenario(text=f"request {request.number}")
+
+    server.default = respond
+    assert chat_openai(server).invoke("hi").text == "request 1"
+    assert seen[0].path == "/v1/chat/completions"
+
+
+def test_unknown_path_is_404_and_consumes_no_scenario(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text="kept"))
+    response = httpx2.post(server.url + "/v1/embeddings", json={"input": "x"})
+    assert response.status_code == 404
+    assert response.json()["error"]["message"].startswith("Unknown request URL")
+    assert server.pending == (Scenario(text="kept"),)
+    assert server.requests[0].provider is None
+
+
+def test_delay_paces_events(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text="abcdef", chunk_size=2, delay=0.02))
+    started = time.monotonic()
+    assert merge(list(chat_openai(server).stream("hi"))).text == "abcdef"
+    assert time.monotonic() - started >= 0.02 * 4
+
+
+def test_scenario_rejects_invalid_settings() -> None:
+    with pytest.raises(ValueError, match="chunk_size"):
+        Scenario(chunk_size=0)
+    with pytest.raises(ValueError, match="4xx/5xx"):
+        Fault.http_error(200)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        Fault.rate_limited(retry_after=datetime(2030, 1, 1))
+
+
+# -- request shape checks -------------------------------------------------------------
+
+
+def anthropic_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"model": ANTHROPIC_MODEL, "max_tokens": 16, "messages": messages}
+
+
+def test_anthropic_rejects_final_assistant_message_ending_in_whitespace(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text="kept"))
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        anthropic_client(server).messages.create(
+            **anthropic_body(
+                [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello "}]
+            )
+        )
+    assert "trailing whitespace" in caught.value.body["error"]["message"]
+    assert server.requests[0].rejected_by == "anthropic.final_assistant_no_trailing_whitespace"
+    assert server.pending == (Scenario(text="kept"),)
+
+
+def test_anthropic_accepts_final_assistant_message_without_whitespace(
+    server: LoopbackProvider,
+) -> None:
+    reply = anthropic_client(server).messages.create(
+        **anthropic_body(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"}]
+        )
+    )
+    assert reply.stop_reason == "end_turn"
+
+
+def test_anthropic_rejects_tool_use_without_tool_result(server: LoopbackProvider) -> None:
+    use = {"type": "tool_use", "id": "toolu_a", "name": "get_weather", "input": {}}
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        anthropic_client(server).messages.create(
+            **anthropic_body(
+                [
+                    {"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": [use]},
+                    {"role": "user", "content": "and?"},
+                ]
+            )
+        )
+    assert "toolu_a" in caught.value.body["error"]["message"]
+    answered = {"type": "tool_result", "tool_use_id": "toolu_a", "content": "sunny"}
+    reply = anthropic_client(server).messages.create(
+        **anthropic_body(
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": [answered]},
+            ]
+        )
+    )
+    assert reply.content[0].type == "text"
+
+
+def user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+BAD_ANTHROPIC_MESSAGES = {
+    "anthropic.messages_present": [],
+    "anthropic.alternating_roles": [user("a"), user("b")],
+    "anthropic.non_empty_content": [user("")],
+    "anthropic.tool_use_answered": [
+        user([{"type": "tool_result", "tool_use_id": "toolu_x", "content": "x"}])
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("rule", "messages"),
+    [
+        *BAD_ANTHROPIC_MESSAGES.items(),
+        ("anthropic.non_empty_content", [user([{"type": "text", "text": " "}])]),
+    ],
+)
+def test_anthropic_shape_rules_reject_bad_messages(
+    server: LoopbackProvider, rule: str, messages: list[dict[str, Any]]
+) -> None:
+    response = httpx2.post(server.url + "/v1/messages", json=anthropic_body(messages))
+    assert response.status_code == 400
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert server.requests[0].rejected_by == rule
+
+
+def test_openai_rejects_unanswered_tool_call(server: LoopbackProvider) -> None:
+    call = {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages: list[Any] = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "user", "content": "well?"},
+    ]
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_client(server).chat.completions.create(model=OPENAI_MODEL, messages=messages)
+    assert "call_a" in str(caught.value.message)
+    assert server.requests[0].rejected_by == "openai.tool_calls_answered"
+    messages[2] = {"role": "tool", "tool_call_id": "call_a", "content": "done"}
+    reply = openai_client(server).chat.completions.create(model=OPENAI_MODEL, messages=messages)
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_openai_rejects_tool_message_without_preceding_call(server: LoopbackProvider) -> None:
+    with pytest.raises(openai.BadRequestError):
+        openai_client(server).chat.completions.create(
+            model=OPENAI_MODEL,
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "tool", "tool_call_id": "call_x", "content": "done"},
+            ],
+        )
+    assert server.requests[0].rejected_by == "openai.tool_message_follows_call"
+
+
+def test_shape_rules_can_be_disabled_and_extended() -> None:
+    prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hi "}]
+    with LoopbackProvider(shape_rules=()) as lenient:
+        reply = anthropic_client(lenient).messages.create(**anthropic_body(prefill))
+        assert reply.stop_reason == "end_turn"
+    with LoopbackProvider(shape_rules=[NO_ASSISTANT_PREFILL]) as strict:
+        with pytest.raises(anthropic.BadRequestError, match="prefill"):
+            anthropic_client(strict).messages.create(**anthropic_body(prefill))
+        assert strict.requests[0].rejected_by == "anthropic.no_assistant_prefill"
+
+
+# -- lifecycle and standalone use -----------------------------------------------------
+
+
+def test_context_manager_binds_a_free_loopback_port() -> None:
+    with LoopbackProvider() as first, LoopbackProvider() as second:
+        assert first.port != second.port
+        assert first.url == f"http://127.0.0.1:{first.port}"
+        assert first.base_url_openai == first.url + "/v1"
+        assert first.running
+    assert not first.running
+    with pytest.raises(RuntimeError, match="not running"):
+        _ = first.url
+
+
+def test_server_can_restart_after_stop() -> None:
+    server = LoopbackProvider()
+    with server:
+        assert chat_openai(server).invoke("a").text
+    with server:
+        assert chat_openai(server).invoke("b").text
+    assert len(server.requests) == 2
+
+
+def test_standalone_module_serves_until_terminated() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "awaken_langchain.testing.server", "--port", "0", "--echo"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert line.startswith("loopback provider listening:")
+        fields = dict(part.split("=", 1) for part in line.split()[3:])
+        client = openai.OpenAI(base_url=fields["openai"], api_key="x", max_retries=0)
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "standalone"}]
+        )
+        assert reply.choices[0].message.content == "You said: standalone"
+    finally:
+        process.terminate()
+        assert process.wait(timeout=10) == 0
