@@ -9,6 +9,7 @@ between several processes racing on the same runs.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import re
@@ -554,3 +555,28 @@ def test_missing_redis_server_skips_unless_required(
     monkeypatch.setenv("AWAKEN_REQUIRE_REDIS", "1")
     with pytest.raises(pytest.fail.Exception, match="AWAKEN_REQUIRE_REDIS=1"):
         redis_server_binary()
+
+
+def test_put_benchmark_measures_redis_and_a_small_delta_sends_few_bytes(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = REPO_ROOT / "benchmarks" / "checkpoint_put.py"
+    spec = importlib.util.spec_from_file_location("checkpoint_put", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+
+    stop = module._Redis.start(redis_server.url)
+    assert stop is not None
+    ((large, small),) = module.main(size=50_000, small=500, puts=5, stores=("redis",))
+    stop()
+
+    assert (large.partial_chars, small.partial_chars) == (50_000, 500)
+    # what reached the server per put does not grow with the partial
+    assert large.append_bytes is not None
+    assert small.append_bytes is not None
+    assert large.append_bytes < 2_000
+    assert large.append_bytes - small.append_bytes < 100
+    assert "redis" in capsys.readouterr().out
