@@ -58,7 +58,7 @@ async def drive_async(
     for round_ in range(rounds):
         epoch = await store.aclaim(run_id)
         log.claims.append([run_id, epoch])
-        for step in range(rng.randint(2, 4)):
+        for step in range(rng.randint(1, 3)):
             current = await store.aget(run_id)
             text = (current.partial_text if current else "") + segment(epoch, worker, round_, step)
             try:
@@ -83,7 +83,7 @@ def drive_sync(
         epoch = store.claim(run_id)
         with log.lock:
             log.claims.append([run_id, epoch])
-        for step in range(rng.randint(2, 4)):
+        for step in range(rng.randint(1, 3)):
             current = store.get(run_id)
             text = (current.partial_text if current else "") + segment(epoch, worker, round_, step)
             try:

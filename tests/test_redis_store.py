@@ -13,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -292,6 +293,30 @@ async def test_server_killed_mid_run_raises_checkpoint_error_and_recovers_after_
     found = await store.aget("run-1")
     assert found is not None
     assert found.partial_text == "before the crash, async, after, again"
+    await store.aclose()
+
+
+async def test_a_server_that_stops_answering_raises_checkpoint_error_after_the_timeout(
+    own_server: RedisServer,
+) -> None:
+    store = RedisStreamCheckpointStore(own_server.url, prefix="p", socket_timeout=0.2, retries=0)
+    store.put(checkpoint("run-1", "before the stall"))
+    assert await store.aget("run-1") is not None
+    assert own_server.process is not None
+    own_server.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught:
+            store.get("run-1")
+        assert isinstance(caught.value.cause, redis.TimeoutError)
+        with pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught:
+            await store.aput(checkpoint("run-1", "before the stall, and more"))
+        assert isinstance(caught.value.cause, redis.TimeoutError)
+    finally:
+        own_server.process.send_signal(signal.SIGCONT)
+    store.put(checkpoint("run-1", "after the stall"))
+    found = await store.aget("run-1")
+    assert found is not None
+    assert found.partial_text == "after the stall"
     await store.aclose()
 
 

@@ -467,8 +467,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         client = self._client().client
-        pattern = self._prefix_bytes.decode("utf-8", "surrogatepass")
-        match = run_id_bytes(_glob_escape(pattern) + ":{*}:head")
+        match = run_id_bytes(_glob_escape(self.prefix) + ":{*}:head")
         batch: list[bytes] = []
         for key in client.scan_iter(match=match, count=_SCAN_BATCH):
             batch.append(bytes(key))
