@@ -14,6 +14,7 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores import (
     DiskCacheStreamCheckpointStore,
@@ -30,6 +31,7 @@ __all__ = [
     "InMemoryStreamCheckpointStore",
     "ErrorInfo",
     "ErrorKind",
+    "RecoveringChatModel",
     "RetryPolicy",
     "StreamCheckpoint",
     "StreamCheckpointError",

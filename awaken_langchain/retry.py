@@ -33,7 +33,7 @@ import enum
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying
 from tenacity.retry import retry_if_exception
@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 
+@runtime_checkable
 class ErrorClassifier(Protocol):
     """A user hook that classifies an exception, or returns ``None`` to defer."""
 
@@ -65,6 +66,7 @@ class ErrorClassifier(Protocol):
         ...
 
 
+@runtime_checkable
 class RetryPredicate(Protocol):
     """A user hook that marks otherwise-unknown exceptions as retryable."""
 
@@ -73,6 +75,7 @@ class RetryPredicate(Protocol):
         ...
 
 
+@runtime_checkable
 class Clock(Protocol):
     """A function returning the current time in seconds."""
 
@@ -81,6 +84,7 @@ class Clock(Protocol):
         ...
 
 
+@runtime_checkable
 class Sleep(Protocol):
     """A blocking sleep."""
 
@@ -89,6 +93,7 @@ class Sleep(Protocol):
         ...
 
 
+@runtime_checkable
 class AsyncSleep(Protocol):
     """An awaitable sleep."""
 

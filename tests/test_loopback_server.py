@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -29,7 +31,10 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     TokenUsage,
     echo_responder,
+    periodic_fault,
 )
+from awaken_langchain.testing._wire import Frame
+from awaken_langchain.testing.server import plan_stream
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -753,3 +758,184 @@ def test_standalone_module_serves_until_terminated() -> None:
     finally:
         process.terminate()
         assert process.wait(timeout=10) == 0
+
+
+# -- non-streamed requests under faults -----------------------------------------------
+
+
+def test_non_streamed_drop_mid_body_raises_connection_error(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(1), provider="openai"))
+    with pytest.raises(openai.APIConnectionError):
+        chat_openai(server).invoke("hi")
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_bytes(20), provider="anthropic"))
+    with pytest.raises(anthropic.APIConnectionError):
+        chat_anthropic(server).invoke("hi")
+
+
+def test_non_streamed_no_terminal_event_has_no_finish_reason(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.no_terminal_event()))
+    reply = openai_client(server).chat.completions.create(
+        model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content == TEXT
+    assert reply.choices[0].finish_reason is None
+    server.enqueue(Scenario(text=TEXT, fault=Fault.no_terminal_event()))
+    message = anthropic_client(server).messages.create(**anthropic_body([user("hi")]))
+    assert message.stop_reason is None
+
+
+def test_non_streamed_error_event_becomes_the_matching_http_status(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.error_event()))
+    with pytest.raises(anthropic.OverloadedError):
+        chat_anthropic(server).invoke("hi")
+    server.enqueue(Scenario(text=TEXT, fault=Fault.error_event()))
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat_openai(server).invoke("hi")
+    assert caught.value.type == "server_error"
+
+
+def test_non_streamed_malformed_body_fails_to_decode(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.malformed_sse()))
+    with pytest.raises(json.JSONDecodeError):
+        openai_client(server).chat.completions.create(
+            model=OPENAI_MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+
+
+def test_non_streamed_anthropic_tool_call_needs_json_object_arguments(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(tool_calls=[ScriptedToolCall("f", '{"cut": ')]))
+    with pytest.raises(anthropic.InternalServerError, match="not a JSON object"):
+        anthropic_client(server).messages.create(**anthropic_body([user("hi")]))
+
+
+def test_streamed_invalid_tool_arguments_are_sent_verbatim(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(tool_calls=[ScriptedToolCall("get_weather", '{"city": "Par')]))
+    message = merge(list(chat_openai(server).bind_tools([WEATHER_TOOL]).stream("hi")))
+    assert message.tool_call_chunks[0]["args"] == '{"city": "Par'
+
+
+# -- responders, concurrency, lifecycle -----------------------------------------------
+
+
+def test_failing_responder_answers_500_naming_the_error(server: LoopbackProvider) -> None:
+    def broken(request: RecordedRequest) -> Scenario:
+        raise LookupError("no script for this prompt")
+
+    server.default = broken
+    with pytest.raises(openai.InternalServerError, match="no script for this prompt"):
+        chat_openai(server).invoke("hi")
+
+
+def test_periodic_fault_breaks_every_nth_default_answer() -> None:
+    responder = periodic_fault(Scenario(text=TEXT), Fault.drop_after_events(2), every=2)
+    with LoopbackProvider(default=responder) as server:
+        outcomes = []
+        for _ in range(4):
+            try:
+                outcomes.append(merge(list(chat_anthropic(server).stream("hi"))).text)
+            except httpx2.RemoteProtocolError:
+                outcomes.append("dropped")
+    assert outcomes == [TEXT, "dropped", TEXT, "dropped"]
+    with pytest.raises(ValueError, match="every >= 1"):
+        periodic_fault(Scenario(), Fault.overloaded(), every=0)
+
+
+async def test_concurrent_streams_are_each_answered_by_their_own_scenario(
+    server: LoopbackProvider,
+) -> None:
+    server.script([Scenario(text=f"answer {i}", delay=0.01) for i in range(6)])
+    model = chat_openai(server)
+
+    async def ask(i: int) -> str:
+        return merge([chunk async for chunk in model.astream(f"question {i}")]).text
+
+    answers = await asyncio.gather(*(ask(i) for i in range(6)))
+    assert sorted(answers) == sorted(f"answer {i}" for i in range(6))
+    assert len(server.requests) == 6
+    assert server.pending == ()
+
+
+def test_start_twice_is_refused_and_stop_is_idempotent() -> None:
+    server = LoopbackProvider().start()
+    try:
+        with pytest.raises(RuntimeError, match="already running"):
+            server.start()
+    finally:
+        server.stop()
+    server.stop()
+    assert not server.running
+
+
+def test_standalone_module_injects_faults_periodically() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "awaken_langchain.testing.server", "--text", TEXT]
+    command += ["--fault", "drop", "--fault-every", "2", "--fault-after-events", "3"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        fields = dict(part.split("=", 1) for part in process.stdout.readline().split()[3:])
+        model = ChatAnthropic(
+            model=ANTHROPIC_MODEL, base_url=fields["anthropic"], api_key="x", max_retries=0
+        )
+        assert merge(list(model.stream("hi"))).text == TEXT
+        with pytest.raises(httpx2.RemoteProtocolError):
+            list(model.stream("hi"))
+    finally:
+        process.terminate()
+        assert process.wait(timeout=10) == 0
+
+
+# -- the wire plan, without I/O -------------------------------------------------------
+
+FRAMES = [Frame(b"a"), Frame(b"bb"), Frame(b"ccc"), Frame(b"T1", True), Frame(b"T2", True)]
+
+
+def writes(steps: list[Any]) -> list[bytes]:
+    return [step.data for step in steps if hasattr(step, "data")]
+
+
+def test_plan_without_fault_sends_every_frame_with_delays_between() -> None:
+    steps = plan_stream(FRAMES, None, delay=0.5)
+    assert writes(steps) == [b"a", b"bb", b"ccc", b"T1", b"T2"]
+    assert sum(1 for step in steps if getattr(step, "seconds", None) == 0.5) == 4
+    assert not any(hasattr(step, "reset") for step in steps)
+
+
+def test_plan_drop_after_bytes_cuts_inside_a_frame() -> None:
+    steps = plan_stream(FRAMES, Fault.drop_after_bytes(4))
+    assert writes(steps) == [b"a", b"bb", b"c"]
+    assert getattr(steps[-1], "reset", None) is False
+
+
+def test_plan_no_terminal_event_keeps_content_frames_only() -> None:
+    assert writes(plan_stream(FRAMES, Fault.no_terminal_event())) == [b"a", b"bb", b"ccc"]
+    assert writes(plan_stream(FRAMES, Fault.no_terminal_event(after_events=1))) == [b"a"]
+
+
+def test_plan_stall_pauses_after_the_given_event() -> None:
+    steps = plan_stream(FRAMES, Fault.stall(9, after_events=2))
+    assert [getattr(s, "data", getattr(s, "seconds", None)) for s in steps[:4]] == [
+        b"a",
+        b"bb",
+        9,
+        b"ccc",
+    ]
+
+
+def test_plan_error_event_replaces_the_rest_of_the_stream() -> None:
+    steps = plan_stream(FRAMES, Fault.error_event(after_events=1), extra=Frame(b"ERR"))
+    assert writes(steps) == [b"a", b"ERR"]
+
+
+def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    import awaken_langchain.testing.server as module
+
+    doc = module.__doc__
+    assert doc is not None
+    block = doc.split("at it::\n", 1)[1].split("\n\nThis prints", 1)[0]
+    exec(textwrap.dedent(block), {})
+    assert capsys.readouterr().out == "Hell <connection dropped>\n"

@@ -240,14 +240,34 @@ class LastWrite:
         write_id: The ``write_id`` of the stored head at that time.
         text: The full text stored at that time.
         text_bytes: Its encoded length.
-        cursor: What the backend wants to remember for its next append (file
-            offsets, ...), as returned by its primitive.
+        extra: The stored head's backend layout details at that time.
     """
 
     write_id: str
     text: str
     text_bytes: int
-    cursor: Mapping[str, Any]
+    extra: Mapping[str, Any]
+
+
+@dataclass
+class PutPlan:
+    """One put, prepared by :meth:`DeltaCheckpointStore._prepare_put`.
+
+    Attributes:
+        run_id: The run written.
+        epoch: The writer's epoch.
+        text: The checkpoint's full text.
+        fields: Every other field, with ``updated_at`` stamped by the store.
+        write_id: The token naming this write.
+        last: What this store instance last wrote or read for the run, if anything.
+    """
+
+    run_id: str
+    epoch: int
+    text: str
+    fields: dict[str, Any]
+    write_id: str
+    last: LastWrite | None
 
 
 class DeltaCheckpointStore(StreamCheckpointStore):
@@ -258,6 +278,11 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     :func:`check_epoch` with the run's persisted epoch counter before changing
     anything. Any exception a primitive raises that is not already a
     :class:`StreamCheckpointError` is wrapped into one naming the run id.
+
+    A natively async backend overrides ``aput``/``aget`` with the same few
+    steps as :meth:`put`/:meth:`get`, built from :meth:`_prepare_put`,
+    :meth:`_append_step`, :meth:`_rewrite_step`, :meth:`_finish_put` and
+    :meth:`_rebuild`, awaiting its own primitives in between.
     """
 
     def __init__(
@@ -278,17 +303,17 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """Atomically increment and persist the run's epoch counter; return it."""
 
     @abstractmethod
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         """Atomically fence, then replace the run's head and whole text.
 
         Returns:
-            A cursor: whatever the backend needs to remember for the next append.
+            The head as stored (with any ``extra`` layout details the backend added).
         """
 
     @abstractmethod
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Mapping[str, Any] | None:
+    ) -> Head | None:
         """Atomically fence, then append ``delta`` to the stored text.
 
         The append happens only if the stored head carries ``expect.write_id``
@@ -297,12 +322,12 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         return ``None`` when it prefers a rewrite (to compact its storage).
 
         Returns:
-            The new cursor, or ``None`` if nothing was written.
+            The head as stored, or ``None`` if nothing was written.
         """
 
     @abstractmethod
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
-        """Return a consistent snapshot of the run's head, text and cursor, or ``None``.
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+        """Return a consistent snapshot of the run's head and text, or ``None``.
 
         Use :func:`decode_head` on the stored head. The text returned must be
         exactly ``head.text_bytes`` long.
@@ -329,6 +354,76 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """Remove leftovers of interrupted writes (called by :meth:`gc`)."""
         return None
 
+    # -- the steps of put and get, shared with natively async backends ----------
+
+    def _prepare_put(self, checkpoint: StreamCheckpoint) -> PutPlan:
+        """Validate a checkpoint to put and stamp it with the store's clock."""
+        if not isinstance(checkpoint, StreamCheckpoint):
+            raise StreamCheckpointError(
+                f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
+            )
+        run_id = check_run_id(checkpoint.run_id)
+        fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
+        fields["updated_at"] = max(0.0, self.clock())
+        with self._memo_lock:
+            last = self._memo.get(run_id)
+        return PutPlan(
+            run_id, checkpoint.epoch, checkpoint.partial_text, fields, new_write_id(), last
+        )
+
+    def _append_step(self, plan: PutPlan) -> tuple[Head, bytes] | None:
+        """Return the head and text delta to append, or ``None`` if a rewrite is needed.
+
+        Raises:
+            StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
+        """
+        last = plan.last
+        if last is None or not plan.text.startswith(last.text):
+            return None
+        delta = encode_text(plan.text[len(last.text) :])
+        head = Head(plan.run_id, plan.fields, last.text_bytes + len(delta), plan.write_id)
+        self._check_size(head)
+        return head, delta
+
+    def _rewrite_step(self, plan: PutPlan) -> tuple[Head, bytes]:
+        """Return the head and whole text to write.
+
+        Raises:
+            StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
+        """
+        data = encode_text(plan.text)
+        head = Head(plan.run_id, plan.fields, len(data), plan.write_id)
+        self._check_size(head)
+        return head, data
+
+    def _finish_put(self, plan: PutPlan, stored: Head) -> None:
+        """Remember what a put wrote, for the next delta write."""
+        self._remember(
+            plan.run_id, LastWrite(stored.write_id, plan.text, stored.text_bytes, stored.extra)
+        )
+
+    def _rebuild(self, run_id: str, loaded: tuple[Head, bytes] | None) -> StreamCheckpoint | None:
+        """Turn a loaded head and text into the checkpoint ``get`` returns.
+
+        Raises:
+            StreamCheckpointError: If the record is corrupted.
+        """
+        if loaded is None:
+            return None
+        head, data = loaded
+        if self.is_expired(head.updated_at):
+            return None
+        if len(data) != head.text_bytes:
+            raise StreamCheckpointError(
+                f"stored checkpoint is corrupted (text is {len(data)} bytes, "
+                f"the head says {head.text_bytes})",
+                run_id=run_id,
+            )
+        text = decode_text(data, run_id=run_id)
+        checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
+        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra))
+        return checkpoint
+
     # -- the contract ---------------------------------------------------------
 
     def claim(self, run_id: str) -> int:
@@ -346,31 +441,15 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             StreamCheckpointError: If the epoch was never claimed, the encoded
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
-        if not isinstance(checkpoint, StreamCheckpoint):
-            raise StreamCheckpointError(
-                f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
-            )
-        run_id = check_run_id(checkpoint.run_id)
-        fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
-        fields["updated_at"] = max(0.0, self.clock())
-        text = checkpoint.partial_text
-        epoch = checkpoint.epoch
-        write_id = new_write_id()
-        with self._memo_lock:
-            memo = self._memo.get(run_id)
-        with self._backend_errors("put", run_id):
-            cursor: Mapping[str, Any] | None = None
-            if memo is not None and text.startswith(memo.text):
-                delta = encode_text(text[len(memo.text) :])
-                head = Head(run_id, fields, memo.text_bytes + len(delta), write_id)
-                self._check_size(head)
-                cursor = self._backend_append(head, delta, epoch, memo)
-            if cursor is None:
-                data = encode_text(text)
-                head = Head(run_id, fields, len(data), write_id)
-                self._check_size(head)
-                cursor = self._backend_replace(head, data, epoch)
-        self._remember(run_id, LastWrite(write_id, text, head.text_bytes, cursor))
+        plan = self._prepare_put(checkpoint)
+        with self._backend_errors("put", plan.run_id):
+            stored = None
+            append = self._append_step(plan)
+            if append is not None and plan.last is not None:
+                stored = self._backend_append(*append, plan.epoch, plan.last)
+            if stored is None:
+                stored = self._backend_replace(*self._rewrite_step(plan), plan.epoch)
+        self._finish_put(plan, stored)
 
     def get(self, run_id: str) -> StreamCheckpoint | None:
         """Return the run's checkpoint, or ``None`` if there is none or it expired.
@@ -382,21 +461,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         check_run_id(run_id)
         with self._backend_errors("get", run_id):
             loaded = self._backend_load(run_id)
-        if loaded is None:
-            return None
-        head, data, cursor = loaded
-        if self.is_expired(head.updated_at):
-            return None
-        if len(data) != head.text_bytes:
-            raise StreamCheckpointError(
-                f"stored checkpoint is corrupted (text is {len(data)} bytes, "
-                f"the head says {head.text_bytes})",
-                run_id=run_id,
-            )
-        text = decode_text(data, run_id=run_id)
-        checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
-        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, cursor))
-        return checkpoint
+        return self._rebuild(run_id, loaded)
 
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Delete the run's checkpoint; a missing checkpoint is not an error.
@@ -502,6 +567,7 @@ __all__ = [
     "DeltaCheckpointStore",
     "Head",
     "LastWrite",
+    "PutPlan",
     "check_epoch",
     "corrupted",
     "decode_head",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +191,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             self._cache.set(self._epoch_key(run_id), epoch)
         return epoch
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         run_id = head.run_id
         sizes = [len(text)] if text else []
         stored = head.with_extra(segments=sizes)
@@ -202,11 +202,11 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 self._cache.set(self._segment_key(run_id, 0), text)
             self._drop_segments(run_id, len(sizes), old_count)
             self._cache.set(self._head_key(run_id), stored.encode())
-        return {}
+        return stored
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Mapping[str, Any] | None:
+    ) -> Head | None:
         run_id = head.run_id
         with self._cache.transact():
             check_epoch(run_id, epoch, self._epoch(run_id), action="put")
@@ -225,16 +225,16 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 self._drop_segments(run_id, len(new_sizes), len(sizes))
             stored = head.with_extra(segments=new_sizes)
             self._cache.set(self._head_key(run_id), stored.encode())
-        return {}
+        return stored
 
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
         with self._cache.transact():
             head = self._head(run_id)
             if head is None:
                 return None
             sizes = self._segments(head)
             text = b"".join(self._segment(run_id, i, n) for i, n in enumerate(sizes))
-        return head, text, {}
+        return head, text
 
     def _backend_delete(
         self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None

@@ -11,13 +11,15 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
+    MEMO_LIMIT,
     DeltaCheckpointStore,
     Head,
     LastWrite,
@@ -53,6 +55,16 @@ def encode_frame(head: bytes, delta: bytes) -> bytes:
     lengths = struct.pack(">II", len(head), len(delta))
     crc = zlib.crc32(delta, zlib.crc32(head, zlib.crc32(lengths)))
     return _FRAME.pack(_MAGIC, len(head), len(delta), crc) + head + delta
+
+
+@dataclass(frozen=True)
+class _Cursor:
+    """Where this instance last saw a run's log: for appending without reading it."""
+
+    write_id: str
+    inode: int
+    last_frame: int
+    end: int
 
 
 class _Log:
@@ -130,6 +142,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         self._fsync = fsync
         self._thread_lock = threading.RLock()
         self._lock_fd: int | None = None
+        self._cursors: OrderedDict[str, _Cursor] = OrderedDict()
         with self._backend_errors("open", None):
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.directory, 0o700)
@@ -226,6 +239,14 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             raise corrupted(run_id, "epoch file holds no epoch")
         return epoch
 
+    def _set_cursor(self, run_id: str, cursor: _Cursor | None) -> None:
+        """Record (or forget) where a run's log ends; call with the lock held."""
+        self._cursors.pop(run_id, None)
+        if cursor is not None:
+            self._cursors[run_id] = cursor
+            while len(self._cursors) > MEMO_LIMIT:
+                self._cursors.popitem(last=False)
+
     def _log(self, run_id: str) -> tuple[_Log, int] | None:
         """Read and parse the run's log; return it with the file's inode."""
         try:
@@ -246,42 +267,46 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             )
         return epoch
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         run_id = head.run_id
         frame = encode_frame(head.encode(), text)
         with self._locked():
             check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            self._set_cursor(run_id, None)
             inode = self._replace_file(self._path(run_id, _LOG_SUFFIX), frame)
-        return {"inode": inode, "last_frame": 0, "end": len(frame)}
+            self._set_cursor(run_id, _Cursor(head.write_id, inode, 0, len(frame)))
+        return head
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Mapping[str, Any] | None:
+    ) -> Head | None:
         run_id = head.run_id
-        cursor = expect.cursor
-        inode, last_frame, end = (cursor.get(k) for k in ("inode", "last_frame", "end"))
-        if not (type(inode) is int and type(last_frame) is int and type(end) is int):
-            return None
         frame = encode_frame(head.encode(), delta)
-        if end + len(frame) > 2 * (head.text_bytes + len(head.encode())) + COMPACT_SLACK:
-            return None  # compact: rewrite the log with one frame
         with self._locked():
             check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            cursor = self._cursors.get(run_id)
+            if cursor is None or cursor.write_id != expect.write_id:
+                return None
+            if cursor.end + len(frame) > 2 * (head.text_bytes + len(head.encode())) + COMPACT_SLACK:
+                return None  # compact: the caller rewrites the log as one frame
             try:
                 fd = os.open(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
             except FileNotFoundError:
                 return None
             try:
                 stat = os.fstat(fd)
-                if stat.st_ino != inode or stat.st_size != end:
+                if stat.st_ino != cursor.inode or stat.st_size != cursor.end:
                     return None  # another writer replaced or extended the log
-                if not self._frame_has_write_id(fd, last_frame, expect.write_id):
+                if not self._frame_has_write_id(fd, cursor.last_frame, expect.write_id):
                     return None
-                self._write_all(fd, frame, end)
+                self._set_cursor(run_id, None)
+                self._write_all(fd, frame, cursor.end)
                 self._sync(fd)
             finally:
                 os.close(fd)
-        return {"inode": inode, "last_frame": end, "end": end + len(frame)}
+            end = cursor.end + len(frame)
+            self._set_cursor(run_id, _Cursor(head.write_id, cursor.inode, cursor.end, end))
+        return head
 
     @staticmethod
     def _frame_has_write_id(fd: int, offset: int, write_id: str) -> bool:
@@ -299,15 +324,15 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             return False
         return isinstance(obj, dict) and obj.get("write_id") == write_id
 
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
         with self._locked():
             found = self._log(run_id)
-        if found is None:
-            return None
-        log, inode = found
-        head = decode_head(log.raw_head, run_id=run_id)
-        cursor = {"inode": inode, "last_frame": log.last_frame, "end": log.end}
-        return head, log.text, cursor
+            if found is None:
+                return None
+            log, inode = found
+            head = decode_head(log.raw_head, run_id=run_id)
+            self._set_cursor(run_id, _Cursor(head.write_id, inode, log.last_frame, log.end))
+        return head, log.text
 
     def _backend_delete(
         self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
@@ -320,6 +345,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
                 found = self._log(run_id)
                 if found is None or not condition(decode_head(found[0].raw_head, run_id=run_id)):
                     return False
+            self._set_cursor(run_id, None)
             try:
                 os.unlink(path)
             except FileNotFoundError:

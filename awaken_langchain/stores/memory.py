@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES
 from awaken_langchain.stores._base import (
@@ -50,17 +49,17 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
             self._epochs[run_id] = epoch
             return epoch
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         with self._lock:
             check_epoch(head.run_id, epoch, self._epochs.get(head.run_id, 0), action="put")
             self._heads[head.run_id] = head.encode()
             self._texts[head.run_id] = bytearray(text)
             self._write_ids[head.run_id] = head.write_id
-            return {}
+            return head
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Mapping[str, Any] | None:
+    ) -> Head | None:
         run_id = head.run_id
         with self._lock:
             check_epoch(run_id, epoch, self._epochs.get(run_id, 0), action="put")
@@ -70,15 +69,15 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
             text += delta
             self._heads[run_id] = head.encode()
             self._write_ids[run_id] = head.write_id
-            return {}
+            return head
 
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
         with self._lock:
             raw = self._heads.get(run_id)
             text = self._texts.get(run_id)
             if raw is None:
                 return None
-            return decode_head(raw, run_id=run_id), bytes(text or b""), {}
+            return decode_head(raw, run_id=run_id), bytes(text or b"")
 
     def _backend_delete(
         self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None

@@ -3,8 +3,18 @@
 - :class:`LoopbackProvider`: a loopback OpenAI- and Anthropic-compatible
   streaming server, answering from scripted :class:`Scenario` objects with
   injectable :class:`Fault` objects, recording every request.
+- :class:`ScriptedChatModel`: a chat model that replays scripted chunks,
+  exceptions and stalls, recording every call.
 """
 
+from awaken_langchain.testing.scripted import (
+    RecordedCall,
+    ScriptedChatModel,
+    Stall,
+    finish,
+    text,
+    tool_call,
+)
 from awaken_langchain.testing.server import (
     DEFAULT_SHAPE_RULES,
     NO_ASSISTANT_PREFILL,
@@ -19,6 +29,7 @@ from awaken_langchain.testing.server import (
     ShapeRule,
     TokenUsage,
     echo_responder,
+    periodic_fault,
 )
 
 __all__ = [
@@ -28,11 +39,18 @@ __all__ = [
     "FaultKind",
     "LoopbackProvider",
     "Provider",
+    "RecordedCall",
     "RecordedRequest",
     "Responder",
     "Scenario",
+    "ScriptedChatModel",
     "ScriptedToolCall",
     "ShapeRule",
+    "Stall",
     "TokenUsage",
     "echo_responder",
+    "finish",
+    "text",
+    "tool_call",
+    "periodic_fault",
 ]

@@ -307,7 +307,9 @@ class Fault:
         "overloaded_error", ...}}`` (the SDK raises ``APIStatusError`` with
         ``status_code == 200``). OpenAI: ``data: {"error": {"type":
         "server_error", ...}}`` (the SDK raises ``APIError``). A non-streamed
-        request gets the error body with HTTP 200.
+        request, which cannot carry an SSE event, gets the HTTP status the
+        provider uses for that error type instead (529 for
+        ``overloaded_error``, 500 for ``server_error``).
 
         Args:
             after_events: Events sent before the error event.

@@ -17,17 +17,30 @@ like the real APIs do (see ``shape_rules``).
 
 Point the official SDKs or the LangChain integrations at it::
 
+    import openai
     from langchain_openai import ChatOpenAI
     from awaken_langchain.testing import Fault, LoopbackProvider, Scenario
 
     with LoopbackProvider() as server:
         server.enqueue(Scenario(text="Hello there", fault=Fault.drop_after_events(2)))
-        model = ChatOpenAI(base_url=server.base_url_openai, api_key="x", max_retries=0)
-        ...
+        model = ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+        try:
+            for chunk in model.stream("Hi"):
+                print(chunk.text, end="")
+        except openai.APIConnectionError:
+            print(" <connection dropped>")
         assert len(server.requests_for("openai")) == 1
 
-Run it standalone (for demos) with
-``python -m awaken_langchain.testing.server --port 8765``.
+This prints ``Hell <connection dropped>``: the role chunk and one four-character
+delta arrived before the drop.
+
+In pytest, enable the ``loopback_provider`` fixture with
+``pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]`` in a
+``conftest.py``. Run the server standalone (for demos) with
+``python -m awaken_langchain.testing.server --port 8765 --echo``; add
+``--fault drop --fault-every 3`` to break every third answer mid-stream.
 """
 
 from __future__ import annotations
@@ -35,12 +48,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import itertools
 import json
 import logging
 import signal
 import socket
 import struct
-import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -91,6 +104,7 @@ __all__ = [
     "ShapeRule",
     "TokenUsage",
     "echo_responder",
+    "periodic_fault",
 ]
 
 logger = logging.getLogger("awaken_langchain.testing.server")
@@ -104,7 +118,8 @@ class RecordedRequest:
     """One request the server received, as it arrived.
 
     Attributes:
-        number: Sequence number on this server, starting at 1.
+        number: Sequence number on this server, starting at 1; it also
+            numbers the response ids (``chatcmpl-loopback-<n>``, ``msg_loopback_<n>``).
         method: HTTP method.
         path: Request path without the query string.
         query: The query string (``""`` when none).
@@ -163,6 +178,38 @@ def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Respon
     return respond
 
 
+def periodic_fault(base: Scenario | Responder, fault: Fault, *, every: int) -> Responder:
+    """A responder that answers like ``base`` but injects ``fault`` into every Nth answer.
+
+    Handy as a long-running demo default: ``LoopbackProvider(default=periodic_fault(
+    echo_responder(), Fault.drop_after_events(3), every=3))`` breaks every third
+    request mid-stream.
+
+    Args:
+        base: The scenario or responder giving the normal answer.
+        fault: The fault to inject.
+        every: Inject into requests number ``every``, ``2 * every``... (counted
+            over the requests this responder answers).
+
+    Returns:
+        The responder.
+    """
+    if every < 1:
+        raise ValueError(f"periodic_fault needs every >= 1, got {every}")
+    counter = itertools.count(1)
+    lock = threading.Lock()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        with lock:
+            number = next(counter)
+        scenario = base if isinstance(base, Scenario) else base(request)
+        if number % every == 0:
+            scenario = dataclasses.replace(scenario, fault=fault)
+        return scenario
+
+    return respond
+
+
 class LoopbackProvider:
     """A loopback OpenAI/Anthropic server answering from scripted scenarios.
 
@@ -192,6 +239,7 @@ class LoopbackProvider:
         self._lock = threading.RLock()
         self._queue: list[Scenario] = list(scenarios)
         self._requests: list[RecordedRequest] = []
+        self._received = 0
         self._default: Scenario | Responder = default
         self.shape_rules: tuple[ShapeRule, ...] = tuple(shape_rules)
         self._host = host
@@ -335,31 +383,46 @@ class LoopbackProvider:
         return [r for r in self.requests if r.provider == provider]
 
     def reset(self) -> None:
-        """Forget recorded requests and queued scenarios."""
+        """Forget recorded requests and queued scenarios (request numbers keep counting)."""
         with self._lock:
             self._requests.clear()
             self._queue.clear()
 
     # -- request handling (called from handler threads) -------------------------------
 
-    def _admit(self, request: RecordedRequest) -> RecordedRequest:
-        """Validate the request, pick the scenario that answers it, and record it."""
+    def _admit(self, request: RecordedRequest) -> tuple[RecordedRequest, str | None]:
+        """Number, validate and record a request, and pick the scenario that answers it.
+
+        Returns:
+            The recorded request and, when a shape rule rejected it, the error message.
+        """
         rejection = None
         answerable = request.provider is not None and isinstance(request.body, dict)
         if answerable and request.provider is not None:
             rejection = first_violation(self.shape_rules, request.provider, request.body)
         with self._lock:
-            request = dataclasses.replace(request, number=len(self._requests) + 1)
+            self._received += 1
+            request = dataclasses.replace(request, number=self._received)
             if rejection is not None:
                 request = dataclasses.replace(request, rejected_by=rejection[0].name)
             elif answerable and request.provider is not None:
                 scenario = self._take(request.provider)
                 if scenario is None:
-                    default = self._default
-                    scenario = default if isinstance(default, Scenario) else default(request)
+                    scenario = self._answer_by_default(request)
                 request = dataclasses.replace(request, scenario=scenario)
             self._requests.append(request)
-        return request
+        return request, rejection[1] if rejection is not None else None
+
+    def _answer_by_default(self, request: RecordedRequest) -> Scenario:
+        default = self._default
+        if isinstance(default, Scenario):
+            return default
+        try:
+            return default(request)
+        except Exception as exc:
+            logger.exception("the loopback provider's default responder failed")
+            message = f"loopback provider: the default responder raised {exc!r}"
+            return Scenario(name="responder-error", fault=Fault.http_error(500, message=message))
 
     def _take(self, provider: Provider) -> Scenario | None:
         for i, scenario in enumerate(self._queue):
@@ -512,7 +575,7 @@ class _Handler(BaseHTTPRequestHandler):
             body = None
         parts = urlsplit(self.path)
         provider = _provider_for(self.command, parts.path)
-        request = self.provider._admit(
+        request, rejection = self.provider._admit(
             RecordedRequest(
                 number=0,
                 method=self.command,
@@ -533,11 +596,9 @@ class _Handler(BaseHTTPRequestHandler):
             message = "The request body is not a JSON object."
             self._send_json(400, error_body(provider, 400, request_id=request_id, message=message))
             return
-        if request.rejected_by is not None:
-            violation = first_violation(self.provider.shape_rules, provider, body)
-            message = violation[1] if violation else request.rejected_by
+        if rejection is not None:
             self._send_json(
-                400, error_body(provider, 400, request_id=request_id, message=message), provider
+                400, error_body(provider, 400, request_id=request_id, message=rejection), provider
             )
             return
         assert request.scenario is not None
@@ -645,11 +706,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(500, body, provider, headers)
             return
         if fault is not None and kind is FaultKind.ERROR_EVENT:
+            # A non-streamed request cannot carry an SSE event: the same failure
+            # arrives as the HTTP status the provider uses for that error type.
             error_type = stream_error_type(provider, fault.error_type)
+            status = status_for_error_type(error_type)
             message = fault.message or _STREAM_ERROR_MESSAGES.get(error_type)
             payload = error_body(
-                provider, 200, request_id=ctx.request_id, error_type=error_type, message=message
+                provider, status, request_id=ctx.request_id, error_type=error_type, message=message
             )
+            self._send_json(status, payload, provider, headers)
+            return
         data = json.dumps(payload, separators=(",", ":")).encode()
         if fault is not None and kind is FaultKind.STALL and not self.provider._wait(fault.seconds):
             self._drop(reset=False)
@@ -713,6 +779,24 @@ _STREAM_ERROR_MESSAGES = {
 }
 
 
+_ERROR_TYPE_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "requests": 429,
+    "overloaded_error": 529,
+    "timeout_error": 504,
+}
+
+
+def status_for_error_type(error_type: str) -> int:
+    """The HTTP status a provider answers with for ``error_type`` (500 when unknown)."""
+    return _ERROR_TYPE_STATUS.get(error_type, 500)
+
+
 def _provider_for(method: str, path: str) -> Provider | None:
     path = path.rstrip("/")
     if method != "POST":
@@ -759,23 +843,34 @@ def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 # -- command line ---------------------------------------------------------------------
 
 
-def _cli_responder(args: argparse.Namespace) -> Scenario | Responder:
-    base = Scenario(text=args.text, chunk_size=args.chunk_size, delay=args.delay)
-    if not args.echo and not args.drop_every:
+_CLI_FAULTS: dict[str, Callable[[argparse.Namespace], Fault]] = {
+    "drop": lambda a: Fault.drop_after_events(a.fault_after_events),
+    "reset": lambda a: Fault.drop_after_events(a.fault_after_events, reset=True),
+    "drop-before-headers": lambda a: Fault.drop_before_headers(),
+    "error-event": lambda a: Fault.error_event(after_events=a.fault_after_events),
+    "no-terminal": lambda a: Fault.no_terminal_event(after_events=a.fault_after_events),
+    "stall": lambda a: Fault.stall(a.stall_seconds, after_events=a.fault_after_events),
+    "malformed": lambda a: Fault.malformed_sse(after_events=a.fault_after_events),
+    "rate-limit": lambda a: Fault.rate_limited(retry_after=1),
+    "overloaded": lambda a: Fault.overloaded(),
+    "server-error": lambda a: Fault.server_error(500),
+}
+
+
+def _cli_default(args: argparse.Namespace) -> Scenario | Responder:
+    base: Scenario | Responder = Scenario(
+        text=args.text, chunk_size=args.chunk_size, delay=args.delay
+    )
+    if args.echo:
+        echo = echo_responder(chunk_size=args.chunk_size)
+
+        def respond(request: RecordedRequest) -> Scenario:
+            return dataclasses.replace(echo(request), delay=args.delay)
+
+        base = respond
+    if args.fault is None:
         return base
-    echo = echo_responder(chunk_size=args.chunk_size)
-    counter = iter(range(1, sys.maxsize))
-
-    def respond(request: RecordedRequest) -> Scenario:
-        scenario = echo(request) if args.echo else base
-        scenario = dataclasses.replace(scenario, delay=args.delay)
-        if args.drop_every and next(counter) % args.drop_every == 0:
-            scenario = dataclasses.replace(
-                scenario, fault=Fault.drop_after_events(args.drop_after_events)
-            )
-        return scenario
-
-    return respond
+    return periodic_fault(base, _CLI_FAULTS[args.fault](args), every=args.fault_every)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -800,15 +895,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--echo", action="store_true", help="answer with the last user message")
     parser.add_argument("--chunk-size", type=int, default=4, help="characters per delta")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between events")
+    parser.add_argument("--fault", choices=sorted(_CLI_FAULTS), help="fault to inject")
     parser.add_argument(
-        "--drop-every", type=int, default=0, help="drop the connection on every Nth request"
+        "--fault-every", type=int, default=1, help="inject the fault on every Nth request"
     )
     parser.add_argument(
-        "--drop-after-events", type=int, default=3, help="events sent before such a drop"
+        "--fault-after-events", type=int, default=3, help="events sent before the fault"
     )
+    parser.add_argument("--stall-seconds", type=float, default=5.0, help="length of a stall")
     args = parser.parse_args(argv)
-    if args.drop_every < 0 or args.drop_after_events < 0 or args.chunk_size < 1:
-        parser.error("--drop-every and --drop-after-events must be >= 0, --chunk-size >= 1")
+    if args.fault_every < 1 or args.fault_after_events < 0 or args.chunk_size < 1:
+        parser.error("--fault-every and --chunk-size must be >= 1, --fault-after-events >= 0")
 
     done = threading.Event()
 
@@ -817,7 +914,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    with LoopbackProvider(default=_cli_responder(args), host=args.host, port=args.port) as server:
+    with LoopbackProvider(default=_cli_default(args), host=args.host, port=args.port) as server:
         print(
             f"loopback provider listening: openai={server.base_url_openai} "
             f"anthropic={server.base_url_anthropic}",

@@ -1,0 +1,354 @@
+"""One assistant turn, accumulated across attempts (pure, no I/O).
+
+The accumulator turns the inner model's chunks into the chunks the caller sees:
+text deltas (with repeated seam text removed after a continuation) and tool
+calls released only whole, once their arguments parse as a complete JSON
+object and their block has ended. It also keeps what a checkpoint needs.
+
+Per-chunk work is constant amortized: text and argument fragments are appended
+to lists and joined only when a checkpoint is written or a call completes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.ai import UsageMetadata, add_usage
+from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.checkpoint import CompletedToolCall, InFlightToolCall, StreamCheckpoint
+from awaken_langchain.recovery import SeamFilter
+
+INTERRUPTED_TOOL_CALL_ERROR = (
+    "This tool call was interrupted mid-stream: its arguments were cut off, so it "
+    "was not executed. Re-issue the call if it is still needed."
+)
+MALFORMED_TOOL_CALL_ERROR = (
+    "This tool call's arguments were not a complete JSON object, so it was not "
+    "executed. Re-issue the call with valid JSON arguments if it is still needed."
+)
+INVALID_ARGS_MARKER = "[awaken: not executed] "
+"""Prefix given to an invalid call's raw arguments in streamed chunks.
+
+LangChain re-parses merged tool-call chunks leniently (closing cut-off JSON), so
+the raw arguments alone would turn into a valid-looking call; the marker keeps
+the call in ``invalid_tool_calls`` after any merge.
+"""
+
+_TERMINAL_KEYS = ("finish_reason", "stop_reason", "done_reason")
+_SKIPPED_KWARGS = ("tool_calls", "function_call")
+
+
+@dataclass(slots=True)
+class _OpenCall:
+    index: int
+    id: str | None = None
+    name: str | None = None
+    parts: list[str] = field(default_factory=list)
+    size: int = 0
+
+    def args(self) -> str:
+        return "".join(self.parts)
+
+
+@dataclass(slots=True)
+class InvalidCall:
+    """A tool call that will not be executed, and why."""
+
+    index: int
+    id: str | None
+    name: str | None
+    args: str
+    error: str
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for block in content:
+            if isinstance(block, str):
+                pieces.append(block)
+            elif isinstance(block, dict) and block.get("type") == "text":
+                pieces.append(str(block.get("text", "")))
+        return "".join(pieces)
+    return ""
+
+
+def strict_args(raw: str) -> dict[str, Any] | None:
+    """Parse tool arguments strictly; ``None`` unless they are a whole JSON object."""
+    if not raw.strip():
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class TurnAccumulator:
+    """Everything that has arrived of one assistant turn, across attempts.
+
+    Args:
+        message_id: The stable id every yielded chunk carries.
+        checkpoint: A checkpoint to resume from: its text and complete tool calls
+            count as already delivered; its in-flight call is dropped.
+    """
+
+    def __init__(self, message_id: str, checkpoint: StreamCheckpoint | None = None) -> None:
+        self.message_id = message_id
+        self._text = ""
+        self._text_parts: list[str] = []
+        self.completed: list[CompletedToolCall] = []
+        self.invalid: list[InvalidCall] = []
+        self._open: dict[int, _OpenCall] = {}
+        self._index_map: dict[Any, int] = {}
+        self._next_index = 0
+        self.usage: UsageMetadata | None = None
+        self.response_metadata: dict[str, Any] = {}
+        self.terminal = False
+        self.chunks_in_attempt = 0
+        self.emitted_in_attempt = 0
+        self.discarded_chars = 0
+        self._seam: SeamFilter | None = None
+        self._removed_at_seams = 0
+        if checkpoint is not None:
+            self._text = checkpoint.partial_text
+            self.completed = list(checkpoint.completed_tool_calls)
+            used = [c.index for c in self.completed]
+            cut = checkpoint.in_flight_tool_call
+            if cut is not None:
+                used.append(cut.index)
+                if self.completed:  # plan R2: the cut-off call is reported, not run
+                    self.invalid.append(
+                        InvalidCall(
+                            cut.index,
+                            cut.id,
+                            cut.name,
+                            cut.partial_args,
+                            INTERRUPTED_TOOL_CALL_ERROR,
+                        )
+                    )
+                else:
+                    self.discarded_chars += len(cut.partial_args)
+            self._next_index = max(used, default=-1) + 1
+
+    # -- reading ----------------------------------------------------------------
+
+    @property
+    def text(self) -> str:
+        """The whole turn's released text so far."""
+        if self._text_parts:
+            self._text = self._text + "".join(self._text_parts)
+            self._text_parts = []
+        return self._text
+
+    @property
+    def in_flight(self) -> _OpenCall | None:
+        """The tool call whose arguments are still arriving, if any."""
+        if not self._open:
+            return None
+        return self._open[max(self._open)]
+
+    @property
+    def seam_pending(self) -> bool:
+        """Whether continuation text is being held back for de-duplication."""
+        return self._seam is not None and self._seam.pending
+
+    @property
+    def seam_removed_chars(self) -> int:
+        """Characters removed as repetition at continuation seams."""
+        return self._removed_at_seams + (self._seam.removed_chars if self._seam else 0)
+
+    def snapshot(self, **fields: Any) -> StreamCheckpoint:
+        """Build a checkpoint of the turn so far; ``fields`` fill the rest."""
+        call = self.in_flight
+        in_flight = (
+            InFlightToolCall(id=call.id, name=call.name, index=call.index, partial_args=call.args())
+            if call is not None
+            else None
+        )
+        return StreamCheckpoint.model_construct(
+            partial_text=self.text,
+            completed_tool_calls=tuple(self.completed),
+            in_flight_tool_call=in_flight,
+            message_id=self.message_id,
+            **fields,
+        )
+
+    # -- attempts -------------------------------------------------------------------
+
+    def begin_attempt(self, *, continuing: bool) -> None:
+        """Start a new request; a continuation de-duplicates its seam."""
+        for call in self._open.values():
+            self.discarded_chars += call.size
+        self._open = {}
+        self._index_map = {}
+        self.terminal = False
+        self.chunks_in_attempt = 0
+        self.emitted_in_attempt = 0
+        if self._seam is not None:
+            self._removed_at_seams += self._seam.removed_chars
+        self._seam = SeamFilter(self.text) if continuing and self.text else None
+
+    def feed(self, generation: ChatGenerationChunk) -> list[AIMessageChunk]:
+        """Take one chunk of the inner model and return the chunks to yield."""
+        self.chunks_in_attempt += 1
+        message = generation.message
+        out: list[AIMessageChunk] = []
+        text = _text_of(message.content)
+        calls = getattr(message, "tool_call_chunks", None) or []
+        if text:
+            if self._seam is not None:
+                text = self._seam.feed(text)
+            if text:
+                out.append(self._text_chunk(text))
+        if calls:
+            self._release_seam(out)
+            for piece in calls:
+                self._feed_call(piece, out)
+        kwargs = {k: v for k, v in message.additional_kwargs.items() if k not in _SKIPPED_KWARGS}
+        if kwargs:
+            out.append(AIMessageChunk(content="", additional_kwargs=kwargs, id=self.message_id))
+        usage = getattr(message, "usage_metadata", None)
+        if usage:
+            self.usage = add_usage(self.usage, usage)
+        self._merge_metadata(generation.generation_info)
+        self._merge_metadata(message.response_metadata)
+        if getattr(message, "chunk_position", None) == "last" or self._has_terminal():
+            self.terminal = True
+        if self.terminal:
+            self._release_seam(out)
+            for index in sorted(self._open):
+                self._close_call(self._open.pop(index), out, interrupted=False)
+        self.emitted_in_attempt += len(out)
+        return out
+
+    def end_of_text(self) -> list[AIMessageChunk]:
+        """Release text held back at the seam (the stream ended or broke)."""
+        out: list[AIMessageChunk] = []
+        self._release_seam(out)
+        return out
+
+    def cut_off_in_flight(self) -> InvalidCall | None:
+        """Turn the in-flight call into an interrupted invalid call (plan R2)."""
+        call = self.in_flight
+        if call is None:
+            return None
+        del self._open[call.index]
+        invalid = InvalidCall(
+            call.index, call.id, call.name, call.args(), INTERRUPTED_TOOL_CALL_ERROR
+        )
+        self.invalid.append(invalid)
+        return invalid
+
+    # -- output -----------------------------------------------------------------------
+
+    def final_chunk(self, awaken: dict[str, Any]) -> AIMessageChunk:
+        """The last chunk: usage over all attempts, metadata, invalid calls."""
+        metadata = {**self.response_metadata, "awaken": awaken}
+        return AIMessageChunk(
+            content="",
+            id=self.message_id,
+            usage_metadata=self.usage,
+            response_metadata=metadata,
+            tool_call_chunks=[
+                tool_call_chunk(
+                    name=call.name,
+                    args=INVALID_ARGS_MARKER + call.args,
+                    id=call.id,
+                    index=call.index,
+                )
+                for call in self.invalid
+            ],
+            chunk_position="last",
+        )
+
+    def message(self, awaken: dict[str, Any] | None = None) -> AIMessage:
+        """The turn as a complete message (invalid calls carry their error)."""
+        metadata = dict(self.response_metadata)
+        if awaken is not None:
+            metadata["awaken"] = awaken
+        return AIMessage(
+            content=self.text,
+            id=self.message_id,
+            tool_calls=[tool_call(name=c.name, args=c.args, id=c.id) for c in self.completed],
+            invalid_tool_calls=[
+                invalid_tool_call(name=c.name, args=c.args, id=c.id, error=c.error)
+                for c in self.invalid
+            ],
+            usage_metadata=self.usage,
+            response_metadata=metadata,
+        )
+
+    # -- internals --------------------------------------------------------------------
+
+    def _text_chunk(self, text: str) -> AIMessageChunk:
+        self._text_parts.append(text)
+        return AIMessageChunk(content=text, id=self.message_id)
+
+    def _release_seam(self, out: list[AIMessageChunk]) -> None:
+        if self._seam is not None and self._seam.pending:
+            text = self._seam.flush()
+            if text:
+                out.append(self._text_chunk(text))
+
+    def _feed_call(self, piece: Any, out: list[AIMessageChunk]) -> None:
+        raw_index = piece.get("index")
+        if raw_index is None or raw_index not in self._index_map:
+            for index in sorted(self._open):
+                self._close_call(self._open.pop(index), out, interrupted=False)
+            index = self._next_index
+            self._next_index += 1
+            if raw_index is not None:
+                self._index_map[raw_index] = index
+            self._open[index] = _OpenCall(index=index)
+        call = self._open.get(self._index_map.get(raw_index, self._next_index - 1))
+        if call is None:  # a late fragment of a call that already closed
+            return
+        if piece.get("id"):
+            call.id = piece["id"]
+        if piece.get("name") and not call.name:
+            call.name = piece["name"]
+        args = piece.get("args")
+        if args:
+            call.parts.append(args)
+            call.size += len(args)
+        if raw_index is None:
+            self._close_call(self._open.pop(call.index), out, interrupted=False)
+
+    def _close_call(self, call: _OpenCall, out: list[AIMessageChunk], *, interrupted: bool) -> None:
+        raw = call.args()
+        args = strict_args(raw)
+        if args is None or not call.name:
+            error = INTERRUPTED_TOOL_CALL_ERROR if interrupted else MALFORMED_TOOL_CALL_ERROR
+            self.invalid.append(InvalidCall(call.index, call.id, call.name, raw, error))
+            return
+        self.completed.append(
+            CompletedToolCall(id=call.id or "", name=call.name, args=args, index=call.index)
+        )
+        out.append(
+            AIMessageChunk(
+                content="",
+                id=self.message_id,
+                tool_call_chunks=[
+                    tool_call_chunk(name=call.name, args=raw or "{}", id=call.id, index=call.index)
+                ],
+            )
+        )
+
+    def _merge_metadata(self, metadata: dict[str, Any] | None) -> None:
+        if not metadata:
+            return
+        for key, value in metadata.items():
+            if value is not None and key != "awaken":
+                self.response_metadata[key] = value
+
+    def _has_terminal(self) -> bool:
+        metadata = self.response_metadata
+        return any(metadata.get(key) for key in _TERMINAL_KEYS)

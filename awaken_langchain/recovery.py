@@ -1,0 +1,157 @@
+"""Recovery plans, continuation requests and seam de-duplication (pure functions).
+
+When a stream breaks, what had arrived decides the plan:
+
+- R1, text only: continue with messages + assistant(prefix) + user(prompt).
+- R2, at least one complete tool call: finish with the complete calls; the
+  cut-off call becomes an invalid call.
+- R3, text and a cut-off tool call: drop the call, continue from the text.
+- R4, nothing usable: send the original request again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from enum import StrEnum
+
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+DEFAULT_CONTINUATION_PROMPT = (
+    "Your previous response was interrupted mid-stream. Continue exactly where it "
+    "stopped, without repeating anything you already wrote."
+)
+"""The user message appended after the assistant prefix of a continuation request."""
+
+CHARS_PER_TOKEN = 4
+"""Rough characters per token, used only to estimate regenerated output."""
+
+
+class Plan(StrEnum):
+    """How an interrupted turn is recovered."""
+
+    CONTINUE_TEXT = "R1"
+    """Text only: continue from the text prefix."""
+    FINISH_WITH_TOOL_CALLS = "R2"
+    """Complete tool calls arrived: finish the turn with them."""
+    DROP_TOOL_AND_CONTINUE = "R3"
+    """Text and a cut-off tool call: drop the call, continue from the text."""
+    RESTART = "R4"
+    """Nothing usable arrived: send the original request again."""
+
+
+def choose_plan(*, text: str, completed_tool_calls: int, in_flight_tool_call: bool) -> Plan:
+    """Choose the recovery plan from what had arrived when the stream broke.
+
+    Args:
+        text: The whole turn's text so far.
+        completed_tool_calls: How many tool calls arrived whole.
+        in_flight_tool_call: Whether a tool call was cut off mid-arguments.
+    """
+    if completed_tool_calls > 0:
+        return Plan.FINISH_WITH_TOOL_CALLS
+    if text.strip():
+        return Plan.DROP_TOOL_AND_CONTINUE if in_flight_tool_call else Plan.CONTINUE_TEXT
+    return Plan.RESTART
+
+
+def continuation_messages(
+    messages: Sequence[BaseMessage], prefix: str, prompt: str = DEFAULT_CONTINUATION_PROMPT
+) -> list[BaseMessage]:
+    """Build the continuation request for a text prefix.
+
+    The original messages, then the prefix as an assistant message with trailing
+    whitespace removed (providers reject an assistant turn ending in whitespace),
+    then the continuation prompt as a user message, so the request never ends
+    with an assistant message.
+    """
+    stripped = prefix.rstrip()
+    if not stripped:
+        return list(messages)
+    return [*messages, AIMessage(content=stripped), HumanMessage(content=prompt)]
+
+
+def estimate_tokens(chars: int) -> int:
+    """Estimate how many tokens ``chars`` characters of output took."""
+    return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
+
+
+class SeamFilter:
+    """Removes text a provider repeats at the start of a continuation.
+
+    The filter holds back the beginning of the continuation's text while it could
+    still be a repetition of the end of the prefix the caller already saw, then
+    drops the longest repeated part (at least ``min_overlap`` characters) and
+    passes everything after it through unchanged.
+
+    Args:
+        prefix: The text of the turn the caller has already received.
+        window: How many characters of the prefix's end are compared.
+        min_overlap: Shortest repetition that is removed; shorter matches are
+            treated as coincidence.
+    """
+
+    def __init__(self, prefix: str, *, window: int = 1024, min_overlap: int = 3) -> None:
+        self._prefix_ends_with_space = bool(prefix) and prefix[-1].isspace()
+        self._tail = prefix.rstrip()[-window:]
+        self._window = window
+        self._min_overlap = min_overlap
+        self._buffer: list[str] = []
+        self._buffered = 0
+        self._decided = not self._tail
+        self.removed_chars = 0
+        """How many characters were dropped as repetition (including whitespace)."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether text is being held back."""
+        return not self._decided
+
+    def feed(self, text: str) -> str:
+        """Take the next piece of continuation text and return what may be released."""
+        if self._decided:
+            return text
+        self._buffer.append(text)
+        self._buffered += len(text)
+        held = "".join(self._buffer)
+        core = held.lstrip()
+        if not core or (len(core) < self._window and self._could_grow(core)):
+            self._buffer = [held]
+            return ""
+        return self._decide(held)
+
+    def flush(self) -> str:
+        """Release whatever is held back (the text ended, or another block began)."""
+        if self._decided:
+            return ""
+        return self._decide("".join(self._buffer))
+
+    def _could_grow(self, core: str) -> bool:
+        """Whether some suffix of the prefix longer than ``core`` starts with it."""
+        tail = self._tail
+        start = tail.find(core)
+        while start != -1:
+            if start + len(core) < len(tail):
+                return True
+            start = tail.find(core, start + 1)
+        return False
+
+    def _decide(self, held: str) -> str:
+        self._decided = True
+        self._buffer = []
+        core = held.lstrip()
+        overlap = 0
+        for size in range(min(len(core), len(self._tail)), self._min_overlap - 1, -1):
+            if self._tail.endswith(core[:size]):
+                overlap = size
+                break
+        if overlap:
+            rest = core[overlap:]
+        elif self._prefix_ends_with_space:
+            rest = core
+        else:
+            return held
+        if self._prefix_ends_with_space:
+            rest = rest.lstrip()
+        self.removed_chars += len(held) - len(rest)
+        return rest

@@ -1,0 +1,245 @@
+"""RecoveringChatModel with a checkpoint store: cadence, resume, fencing, failures."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessageChunk
+
+from awaken_langchain import (
+    FileStreamCheckpointStore,
+    InMemoryStreamCheckpointStore,
+    StreamCheckpoint,
+    StreamCheckpointStore,
+)
+from awaken_langchain.checkpoint import CompletedToolCall, InFlightToolCall
+from awaken_langchain.errors import StreamInterruptedError
+from awaken_langchain.model import RecoveringChatModel
+from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
+from awaken_langchain.retry import RetryPolicy
+from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
+
+
+async def _no_wait(_seconds: float) -> None:
+    return None
+
+
+def policy(**settings: Any) -> RetryPolicy:
+    return RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait, **settings)
+
+
+def process(
+    store: StreamCheckpointStore, *scripts: list[Any], **settings: Any
+) -> tuple[RecoveringChatModel, ScriptedChatModel]:
+    """One 'process': a fresh wrapper and inner model over a shared store."""
+    inner = ScriptedChatModel(scripts=list(scripts))
+    settings.setdefault("retry_policy", policy())
+    return RecoveringChatModel(model=inner, store=store, **settings), inner
+
+
+def reset() -> ConnectionResetError:
+    return ConnectionResetError("connection reset by peer")
+
+
+def run_config(run_id: uuid.UUID) -> dict[str, Any]:
+    return {"run_id": run_id}
+
+
+def test_checkpoint_is_keyed_by_the_callers_run_id_and_kept_when_recovery_fails() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    model, _ = process(
+        store, [*text("Partial answer "), reset()], retry_policy=policy(max_continuations=0)
+    )
+    with pytest.raises(StreamInterruptedError):
+        model.invoke("q", config=run_config(run_id))
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert saved.partial_text == "Partial answer "
+    assert saved.model == "scripted:scripted"
+
+
+def test_checkpoint_is_deleted_once_the_turn_is_complete() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    model, _ = process(store, [*text("one "), reset()], [*text("two"), finish()])
+    assert model.invoke("q", config=run_config(run_id)).content == "one two"
+    assert store.get(str(run_id)) is None
+    assert store.list_run_ids() == []
+
+
+def test_no_more_than_the_configured_chunks_of_output_are_at_risk() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    model, _ = process(store, [*text("x" * 40, size=1), finish()], checkpoint_every_chunks=8)
+    stream = model.stream("q", config=run_config(run_id))
+    seen = "".join(str(next(stream).content) for _ in range(20))
+    stream.close()  # the consumer dies mid-answer
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert len(seen) - len(saved.partial_text) <= 8
+
+
+def test_a_replacement_process_resumes_the_turn_without_repeating_text() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    first, _ = process(
+        store, [*text("The answer begins "), reset()], retry_policy=policy(max_continuations=0)
+    )
+    with pytest.raises(StreamInterruptedError):
+        first.invoke("q", config=run_config(run_id))
+
+    second, inner = process(store, [*text("and ends."), finish()])
+    chunks = list(second.stream("q", config=run_config(run_id)))
+    assert "".join(str(c.content) for c in chunks) == "The answer begins and ends."
+    request = inner.calls[0].messages
+    assert [m.content for m in request[1:]] == ["The answer begins", DEFAULT_CONTINUATION_PROMPT]
+    awaken = chunks[-1].response_metadata["awaken"]
+    assert awaken["resumed"] is True
+    assert store.get(str(run_id)) is None
+
+
+def test_resuming_costs_no_retry_budget() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    first, _ = process(store, [*text("Alpha "), reset()], retry_policy=policy(max_continuations=0))
+    with pytest.raises(StreamInterruptedError):
+        first.invoke("q", config=run_config(run_id))
+    second, inner = process(
+        store,
+        [*text("beta "), reset()],
+        [*text("gamma."), finish()],
+        retry_policy=policy(max_continuations=1),
+    )
+    message = second.invoke("q", config=run_config(run_id))
+    assert message.content == "Alpha beta gamma."
+    assert len(inner.calls) == 2
+
+
+def test_resume_with_complete_tool_calls_finishes_without_a_request() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = str(uuid.uuid4())
+    store.put(
+        StreamCheckpoint(
+            run_id=run_id,
+            model="scripted:scripted",
+            partial_text="Looking it up. ",
+            completed_tool_calls=(CompletedToolCall(id="a", name="lookup", args={"q": "x"}),),
+            in_flight_tool_call=InFlightToolCall(
+                id="b", name="transfer", index=1, partial_args='{"to": "b'
+            ),
+            message_id="lc_run--stable",
+        )
+    )
+    model, inner = process(store)
+    message = model.invoke("q", config=run_config(uuid.UUID(run_id)))
+    assert inner.calls == []
+    assert message.content == "Looking it up. "
+    assert [c["name"] for c in message.tool_calls] == ["lookup"]
+    assert [c["name"] for c in message.invalid_tool_calls] == ["transfer"]
+    assert message.id == "lc_run--stable"
+
+
+def test_checkpoint_made_for_another_model_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    store.put(StreamCheckpoint(run_id=str(run_id), model="other:gpt", partial_text="Stale "))
+    model, inner = process(store, [*text("Fresh."), finish()])
+    with caplog.at_level(logging.WARNING, logger="awaken_langchain"):
+        message = model.invoke("q", config=run_config(run_id))
+    assert message.content == "Fresh."
+    assert len(inner.calls[0].messages) == 1
+    assert "other:gpt" in caplog.text
+
+
+def test_checkpoint_of_another_thread_is_ignored() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    store.put(
+        StreamCheckpoint(
+            run_id=str(run_id), model="scripted:scripted", thread_id="t-1", partial_text="Other "
+        )
+    )
+    model, _ = process(store, [*text("Mine."), finish()])
+    config = {"run_id": run_id, "configurable": {"thread_id": "t-2"}}
+    assert model.invoke("q", config=config).content == "Mine."
+
+
+def test_checkpoint_older_than_resume_max_age_is_ignored() -> None:
+    now = [1000.0]
+    store = InMemoryStreamCheckpointStore(clock=lambda: now[0])
+    run_id = uuid.uuid4()
+    store.put(StreamCheckpoint(run_id=str(run_id), model="scripted:scripted", partial_text="Old "))
+    now[0] += 3600
+    model, _ = process(store, [*text("New."), finish()], resume_max_age=60)
+    assert model.invoke("q", config=run_config(run_id)).content == "New."
+
+
+def test_langgraph_thread_and_task_give_the_key_when_no_run_id_is_passed() -> None:
+    store = InMemoryStreamCheckpointStore()
+    config = {"configurable": {"thread_id": "thread-7", "checkpoint_ns": "model:task-1"}}
+    model, _ = process(store, [*text("Cut "), reset()], retry_policy=policy(max_continuations=0))
+    with pytest.raises(StreamInterruptedError):
+        model.invoke("q", config=config)
+    saved = store.get("thread-7:model:task-1")
+    assert saved is not None
+    assert saved.thread_id == "thread-7"
+
+
+class _Events(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.names: list[str] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.names.append(name)
+
+
+def test_a_failing_store_never_fails_the_turn(tmp_path: Path) -> None:
+    store = FileStreamCheckpointStore(tmp_path / "store")
+    (tmp_path / "store").rename(tmp_path / "moved")
+    (tmp_path / "store").write_text("not a directory")
+    model, _ = process(store, [*text("Still "), reset()], [*text("fine."), finish()])
+    events = _Events()
+    message = model.invoke("q", config={"callbacks": [events]})
+    assert message.content == "Still fine."
+    assert "awaken_checkpoint_warning" in events.names
+
+
+def test_a_writer_fenced_out_stops_checkpointing_and_still_finishes() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    key = str(run_id)
+    model, _ = process(store, [*text("a" * 30, size=1), finish()], checkpoint_every_chunks=4)
+    stream = model.stream("q", config=run_config(run_id))
+    received = [next(stream) for _ in range(10)]
+    new_epoch = store.claim(key)  # another process takes the run over
+    store.put(
+        StreamCheckpoint(run_id=key, partial_text="owned by the new process", epoch=new_epoch)
+    )
+    received += list(stream)
+    assert "".join(str(c.content) for c in received) == "a" * 30
+    saved = store.get(key)
+    assert saved is not None
+    assert saved.partial_text == "owned by the new process"
+
+
+async def test_async_resume_from_a_checkpoint() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    first, _ = process(
+        store, [*text("Async begins "), reset()], retry_policy=policy(max_continuations=0)
+    )
+    with pytest.raises(StreamInterruptedError):
+        await first.ainvoke("q", config=run_config(run_id))
+    second, inner = process(store, [*text("and ends."), finish()])
+    chunks: list[AIMessageChunk] = [c async for c in second.astream("q", config=run_config(run_id))]
+    assert "".join(str(c.content) for c in chunks) == "Async begins and ends."
+    assert inner.calls[0].messages[1].content == "Async begins"
+    assert await store.aget(str(run_id)) is None

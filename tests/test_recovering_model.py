@@ -1,0 +1,452 @@
+"""RecoveringChatModel against the scripted fault-injecting chat model."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.exceptions import ModelAuthenticationError
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from langchain_core.messages.utils import message_chunk_to_message
+from pydantic import BaseModel
+
+from awaken_langchain.errors import StreamInterruptedError
+from awaken_langchain.model import RecoveringChatModel
+from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
+from awaken_langchain.retry import RetryPolicy
+from awaken_langchain.testing.scripted import (
+    ScriptedChatModel,
+    Stall,
+    finish,
+    text,
+    tool_call,
+)
+
+NO_WAIT = RetryPolicy(sleep=lambda _s: None, async_sleep=lambda _s: _no_wait())
+
+
+async def _no_wait() -> None:
+    return None
+
+
+def wrap(*scripts: list[Any], **settings: Any) -> tuple[RecoveringChatModel, ScriptedChatModel]:
+    inner = ScriptedChatModel(scripts=list(scripts))
+    settings.setdefault("retry_policy", NO_WAIT)
+    return RecoveringChatModel(model=inner, **settings), inner
+
+
+def merged(chunks: list[AIMessageChunk]) -> AIMessage:
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total = total + chunk
+    return message_chunk_to_message(total)  # type: ignore[return-value]
+
+
+def reset() -> ConnectionResetError:
+    return ConnectionResetError("connection reset by peer")
+
+
+# -- retry before output -------------------------------------------------------------
+
+
+def test_failure_before_output_is_retried_and_caller_sees_only_the_good_attempt() -> None:
+    model, inner = wrap([reset()], [*text("Fine answer."), finish()])
+    chunks = list(model.stream("hi"))
+    assert "".join(str(c.content) for c in chunks) == "Fine answer."
+    assert len(inner.calls) == 2
+    assert inner.calls[1].messages == inner.calls[0].messages
+    assert chunks[-1].response_metadata["awaken"]["plans"] == ["R4"]
+    assert chunks[-1].response_metadata["awaken"]["retries"] == 1
+
+
+def test_cut_off_tool_call_before_any_text_restarts_without_showing_anything() -> None:
+    partial = tool_call("transfer", '{"to": "alice", "amount": 100, "conf', id="c1", pieces=3)
+    whole = tool_call("transfer", '{"to": "alice", "amount": 100, "confirm": true}', id="c2")
+    model, inner = wrap([*partial, reset()], [*whole, finish("tool_calls")])
+    chunks = list(model.stream("pay alice"))
+    calls = [tc for c in chunks for tc in c.tool_call_chunks]
+    assert len(calls) == 1
+    assert json.loads(calls[0]["args"]) == {"to": "alice", "amount": 100, "confirm": True}
+    assert len(inner.calls) == 2
+
+
+def test_permanent_error_propagates_as_raised_after_exactly_one_request() -> None:
+    error = ModelAuthenticationError("invalid api key")
+    model, inner = wrap([error], [*text("never"), finish()])
+    with pytest.raises(ModelAuthenticationError) as raised:
+        model.invoke("hi")
+    assert raised.value is error
+    assert len(inner.calls) == 1
+
+
+def test_unknown_exception_is_not_retried_unless_the_policy_says_so() -> None:
+    model, inner = wrap([ValueError("odd")], [*text("ok"), finish()])
+    with pytest.raises(ValueError, match="odd"):
+        model.invoke("hi")
+    assert len(inner.calls) == 1
+    policy = RetryPolicy(sleep=lambda _s: None, retry_on=ValueError)
+    model, inner = wrap([ValueError("odd")], [*text("ok"), finish()], retry_policy=policy)
+    assert model.invoke("hi").content == "ok"
+    assert len(inner.calls) == 2
+
+
+def test_retries_before_output_are_bounded_by_max_attempts() -> None:
+    policy = RetryPolicy(max_attempts=3, sleep=lambda _s: None)
+    model, inner = wrap([reset()], [reset()], [reset()], [reset()], retry_policy=policy)
+    with pytest.raises(StreamInterruptedError) as raised:
+        model.invoke("hi")
+    assert len(inner.calls) == 3
+    assert raised.value.partial is None
+    assert isinstance(raised.value.cause, ConnectionResetError)
+
+
+# -- continuation after output ----------------------------------------------------------
+
+
+def test_interruption_after_text_sends_a_continuation_request() -> None:
+    model, inner = wrap(
+        [*text("The quick brown fox "), reset()],
+        [*text("jumps over the lazy dog."), finish()],
+    )
+    chunks = list(model.stream([HumanMessage("tell me")]))
+    assert "".join(str(c.content) for c in chunks) == "The quick brown fox jumps over the lazy dog."
+    request = inner.calls[1].messages
+    assert [type(m).__name__ for m in request] == ["HumanMessage", "AIMessage", "HumanMessage"]
+    assert request[1].content == "The quick brown fox"  # trailing whitespace removed
+    assert request[2].content == DEFAULT_CONTINUATION_PROMPT
+    assert chunks[-1].response_metadata["awaken"]["plans"] == ["R1"]
+
+
+def test_continuation_prompt_never_appears_in_the_output() -> None:
+    model, _ = wrap(
+        [*text("Part one, "), reset()], [*text("part two."), finish()], continuation_prompt="GO ON"
+    )
+    message = model.invoke("hi")
+    assert "GO ON" not in str(message.content)
+    assert message.content == "Part one, part two."
+
+
+def test_text_the_provider_repeats_at_the_seam_is_removed() -> None:
+    model, _ = wrap(
+        [*text("Once upon a time there was a "), reset()],
+        [*text("there was a dragon who loved tea."), finish()],
+    )
+    chunks = list(model.stream("story"))
+    assert (
+        "".join(str(c.content) for c in chunks)
+        == "Once upon a time there was a dragon who loved tea."
+    )
+    assert chunks[-1].response_metadata["awaken"]["regenerated_output_tokens"] >= 3
+
+
+def test_several_interruptions_continue_from_the_whole_turn_so_far() -> None:
+    model, inner = wrap(
+        [*text("Alpha beta "), reset()],
+        [*text("gamma delta "), reset()],
+        [*text("epsilon."), finish()],
+    )
+    message = model.invoke("letters")
+    assert message.content == "Alpha beta gamma delta epsilon."
+    assert inner.calls[2].messages[1].content == "Alpha beta gamma delta"
+    assert len(inner.calls[2].messages) == 3  # not stacked: one prefix, one prompt
+    assert message.response_metadata["awaken"]["continuations"] == 2
+
+
+def test_stream_that_ends_without_a_terminal_signal_is_an_interruption() -> None:
+    model, inner = wrap([*text("Half an ans")], [*text("wer, whole."), finish()])
+    message = model.invoke("hi")
+    assert message.content == "Half an answer, whole."
+    assert len(inner.calls) == 2
+
+
+def test_concatenated_yielded_text_equals_the_final_message_text() -> None:
+    model, _ = wrap(
+        [*text("abc def ghi ", size=3), reset()],
+        [*text("ghi jkl", size=2), finish()],
+    )
+    chunks = list(model.stream("x"))
+    assert "".join(str(c.content) for c in chunks) == merged(chunks).content
+
+
+def test_every_chunk_of_a_turn_carries_one_stable_message_id() -> None:
+    model, _ = wrap([*text("one "), reset()], [*text("two"), finish()])
+    chunks = list(model.stream("x"))
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].id is not None
+
+
+def test_usage_is_summed_over_attempts() -> None:
+    model, _ = wrap(
+        [*text("one "), _usage_only(10, 2), reset()],
+        [*text("two"), finish(input_tokens=15, output_tokens=3)],
+    )
+    message = model.invoke("x")
+    assert message.usage_metadata is not None
+    assert message.usage_metadata["input_tokens"] == 25
+    assert message.usage_metadata["output_tokens"] == 5
+
+
+def _usage_only(input_tokens: int, output_tokens: int) -> AIMessageChunk:
+    return AIMessageChunk(
+        content="",
+        usage_metadata={
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        },
+    )
+
+
+def test_failure_after_the_terminal_signal_keeps_the_complete_answer() -> None:
+    model, inner = wrap([*text("Done."), finish(), reset()])
+    assert model.invoke("x").content == "Done."
+    assert len(inner.calls) == 1
+
+
+def test_exhausted_continuations_raise_with_the_partial_message_and_cause() -> None:
+    policy = RetryPolicy(max_continuations=1, sleep=lambda _s: None)
+    model, inner = wrap([*text("Begin "), reset()], [*text("more "), reset()], retry_policy=policy)
+    with pytest.raises(StreamInterruptedError) as raised:
+        list(model.stream("x"))
+    assert raised.value.partial is not None
+    assert raised.value.partial.content == "Begin more "
+    assert isinstance(raised.value.cause, ConnectionResetError)
+    assert raised.value.attempts == 2
+    assert len(inner.calls) == 2
+
+
+# -- tool calls --------------------------------------------------------------------------
+
+
+def test_tool_calls_are_yielded_only_whole() -> None:
+    model, _ = wrap(
+        [
+            *text("Let me check. "),
+            *tool_call("weather", '{"city": "Paris"}', id="a", index=0, pieces=4),
+            *tool_call("weather", '{"city": "Rome"}', id="b", index=1, pieces=4),
+            finish("tool_calls"),
+        ]
+    )
+    chunks = list(model.stream("weather?"))
+    pieces = [tc for c in chunks for tc in c.tool_call_chunks]
+    assert [json.loads(p["args"]) for p in pieces] == [{"city": "Paris"}, {"city": "Rome"}]
+    message = merged(chunks)
+    assert [c["args"] for c in message.tool_calls] == [{"city": "Paris"}, {"city": "Rome"}]
+
+
+def test_complete_tool_calls_finish_the_turn_and_the_cut_off_call_is_invalid() -> None:
+    model, inner = wrap(
+        [
+            *tool_call("lookup", '{"q": "a"}', id="a", index=0),
+            *tool_call("transfer", '{"to": "bob", "amount": 10', id="b", index=1),
+            reset(),
+        ]
+    )
+    message = model.invoke("go")
+    assert len(inner.calls) == 1
+    assert [c["name"] for c in message.tool_calls] == ["lookup"]
+    assert [c["name"] for c in message.invalid_tool_calls] == ["transfer"]
+    assert "interrupted" in (message.invalid_tool_calls[0]["error"] or "")
+    assert message.response_metadata["awaken"]["plans"] == ["R2"]
+
+
+def test_cut_off_tool_call_stays_invalid_after_streamed_chunks_are_merged() -> None:
+    model, _ = wrap(
+        [
+            *tool_call("lookup", '{"q": "a"}', id="a", index=0),
+            *tool_call("transfer", '{"to": "bob", "amount": 10', id="b", index=1),
+            reset(),
+        ]
+    )
+    message = merged(list(model.stream("go")))
+    assert [c["name"] for c in message.tool_calls] == ["lookup"]
+    assert [c["name"] for c in message.invalid_tool_calls] == ["transfer"]
+
+
+def test_text_then_cut_off_tool_call_drops_the_call_and_continues_from_the_text() -> None:
+    model, inner = wrap(
+        [*text("I will pay now. "), *tool_call("pay", '{"amount": 5', id="p1"), reset()],
+        [*tool_call("pay", '{"amount": 50}', id="p2"), finish("tool_calls")],
+    )
+    message = model.invoke("pay")
+    assert message.content == "I will pay now. "
+    assert [(c["id"], c["args"]) for c in message.tool_calls] == [("p2", {"amount": 50})]
+    assert message.invalid_tool_calls == []
+    assert inner.calls[1].messages[-2].content == "I will pay now."
+    assert message.response_metadata["awaken"]["plans"] == ["R3"]
+
+
+def test_continuation_tool_call_indices_do_not_collide_with_earlier_ones() -> None:
+    model, _ = wrap(
+        [*text("Checking. "), reset()],
+        [*tool_call("a", '{"x": 1}', id="t1", index=0), finish("tool_calls")],
+    )
+    chunks = list(model.stream("x"))
+    message = merged(chunks)
+    assert [c["args"] for c in message.tool_calls] == [{"x": 1}]
+
+
+def test_malformed_arguments_in_a_complete_turn_are_never_a_valid_call() -> None:
+    model, _ = wrap([*tool_call("f", '{"a": 1,,}', id="m"), finish("tool_calls")])
+    message = model.invoke("x")
+    assert message.tool_calls == []
+    assert [c["name"] for c in message.invalid_tool_calls] == ["f"]
+
+
+# -- idle timeout -----------------------------------------------------------------------
+
+
+def test_stalled_stream_is_an_interruption_in_sync() -> None:
+    model, inner = wrap(
+        [*text("Slow start "), Stall(2.0), *text("never seen")],
+        [*text("then fine."), finish()],
+        stream_idle_timeout=0.05,
+    )
+    message = model.invoke("x")
+    assert message.content == "Slow start then fine."
+    assert message.response_metadata["awaken"]["interruptions"][0]["kind"] == "timeout"
+    assert len(inner.calls) == 2
+
+
+async def test_stalled_stream_is_an_interruption_in_async() -> None:
+    model, inner = wrap(
+        [*text("Slow start "), Stall(2.0), *text("never seen")],
+        [*text("then fine."), finish()],
+        stream_idle_timeout=0.05,
+    )
+    message = await model.ainvoke("x")
+    assert message.content == "Slow start then fine."
+    assert len(inner.calls) == 2
+
+
+def test_reasoning_models_get_the_longer_idle_timeout() -> None:
+    model, _ = wrap([], stream_idle_timeout=1.0, reasoning_stream_idle_timeout=9.0)
+    assert model._idle_timeout({}) == 1.0
+    assert model._idle_timeout({"reasoning_effort": "high"}) == 9.0
+    reasoning = RecoveringChatModel(
+        model=ScriptedChatModel(model_name="o3-mini"), reasoning_stream_idle_timeout=9.0
+    )
+    assert reasoning._idle_timeout({}) == 9.0
+
+
+# -- drop-in behaviour --------------------------------------------------------------------
+
+
+class _Recorder(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.starts = 0
+        self.tokens: list[str] = []
+        self.events: list[tuple[str, Any]] = []
+
+    def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        self.starts += 1
+
+    def on_llm_new_token(self, token: str, **kwargs: Any) -> None:
+        self.tokens.append(token)
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.events.append((name, data))
+
+
+def test_callbacks_see_one_chat_model_run_and_each_token_once() -> None:
+    model, _ = wrap([*text("ab cd ef"), reset()], [*text("gh"), finish()])
+    recorder = _Recorder()
+    chunks = list(model.stream("x", config={"callbacks": [recorder]}))
+    assert recorder.starts == 1
+    assert "".join(recorder.tokens) == "".join(str(c.content) for c in chunks) == "ab cd efgh"
+
+
+def test_recovery_events_reach_callback_handlers() -> None:
+    model, _ = wrap([reset()], [*text("ab "), reset()], [*text("cd"), finish()])
+    recorder = _Recorder()
+    model.invoke("x", config={"callbacks": [recorder]})
+    names = [name for name, _ in recorder.events]
+    assert names == ["awaken_retry", "awaken_continuation"]
+    assert recorder.events[1][1]["plan"] == "R1"
+    assert recorder.events[1][1]["cause"] == "connection"
+
+
+async def test_recovery_events_appear_in_astream_events() -> None:
+    model, _ = wrap([*text("ab "), reset()], [*text("cd"), finish()])
+    events = [e async for e in model.astream_events("x", version="v2")]
+    custom = [e for e in events if e["event"] == "on_custom_event"]
+    assert [e["name"] for e in custom] == ["awaken_continuation"]
+    streamed = [e for e in events if e["event"] == "on_chat_model_stream"]
+    assert "".join(str(e["data"]["chunk"].content) for e in streamed) == "ab cd"
+
+
+def test_batch_and_invoke_work() -> None:
+    model, _ = wrap([*text("one"), finish()], [*text("two"), finish()], [*text("three"), finish()])
+    assert model.invoke("a").content == "one"
+    assert sorted(str(m.content) for m in model.batch(["b", "c"])) == ["three", "two"]
+
+
+async def test_async_entry_points_work() -> None:
+    model, _ = wrap(
+        [*text("one "), reset()],
+        [*text("two"), finish()],
+        [*text("x"), finish()],
+        [*text("y"), finish()],
+        [*text("z"), finish()],
+    )
+    chunks = [c async for c in model.astream("a")]
+    assert "".join(str(c.content) for c in chunks) == "one two"
+    assert (await model.ainvoke("b")).content == "x"
+    assert sorted(str(m.content) for m in await model.abatch(["c", "d"])) == ["y", "z"]
+
+
+def test_bind_tools_keeps_the_wrapper_in_the_chain() -> None:
+    model, inner = wrap([*tool_call("add", '{"a": 1, "b": 2}', id="t"), finish("tool_calls")])
+
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        return a + b
+
+    bound = model.bind_tools([add], tool_choice="any")
+    message = bound.invoke("1+2")
+    assert message.tool_calls[0]["args"] == {"a": 1, "b": 2}
+    assert inner.calls[0].kwargs["tools"][0]["function"]["name"] == "add"
+    assert inner.calls[0].kwargs["tool_choice"] == "any"
+    assert bound.bound is model  # type: ignore[attr-defined]
+
+
+def test_with_structured_output_keeps_the_wrapper_in_the_chain() -> None:
+    class Answer(BaseModel):
+        value: int
+
+    model, _ = wrap(
+        [*text("Thinking "), reset()],
+        [*tool_call("Answer", '{"value": 42}', id="s"), finish("tool_calls")],
+    )
+    structured = model.with_structured_output(Answer)
+    assert structured.invoke("the answer") == Answer(value=42)
+
+
+def test_settings_for_the_inner_model_are_forwarded_or_refused() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        RecoveringChatModel(model=ScriptedChatModel(), temperature=0)
+    model = RecoveringChatModel(model=ScriptedChatModel(), model_name="renamed")
+    assert model.model.model_name == "renamed"  # type: ignore[attr-defined]
+
+
+def test_langgraph_messages_mode_sees_each_token_once() -> None:
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    model, _ = wrap([*text("Hello there "), reset()], [*text("friend."), finish()])
+
+    def call(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("model", call)
+    graph.add_edge(START, "model")
+    graph.add_edge("model", END)
+    app = graph.compile()
+    streamed = [
+        chunk
+        for chunk, _meta in app.stream({"messages": [HumanMessage("hi")]}, stream_mode="messages")
+    ]
+    text_seen = "".join(str(c.content) for c in streamed if isinstance(c, AIMessageChunk))
+    assert text_seen == "Hello there friend."

@@ -1,0 +1,126 @@
+"""The pure core: plans, continuation requests, seam de-duplication, accumulation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.accumulator import TurnAccumulator, strict_args
+from awaken_langchain.recovery import Plan, SeamFilter, choose_plan, continuation_messages
+
+
+@pytest.mark.parametrize(
+    ("text", "completed", "in_flight", "plan"),
+    [
+        ("some text", 0, False, Plan.CONTINUE_TEXT),
+        ("some text", 1, True, Plan.FINISH_WITH_TOOL_CALLS),
+        ("", 2, False, Plan.FINISH_WITH_TOOL_CALLS),
+        ("some text", 0, True, Plan.DROP_TOOL_AND_CONTINUE),
+        ("", 0, True, Plan.RESTART),
+        ("   ", 0, False, Plan.RESTART),
+        ("", 0, False, Plan.RESTART),
+    ],
+)
+def test_plan_is_chosen_from_what_arrived(
+    text: str, completed: int, in_flight: bool, plan: Plan
+) -> None:
+    assert (
+        choose_plan(text=text, completed_tool_calls=completed, in_flight_tool_call=in_flight)
+        is plan
+    )
+
+
+def test_continuation_request_never_ends_with_an_assistant_message() -> None:
+    original = [SystemMessage("be brief"), HumanMessage("hi")]
+    request = continuation_messages(original, "Hello there \n ", "continue")
+    assert request[:2] == original
+    assert isinstance(request[2], AIMessage)
+    assert request[2].content == "Hello there"
+    assert isinstance(request[-1], HumanMessage)
+    assert request[-1].content == "continue"
+
+
+def feed_all(seam: SeamFilter, pieces: list[str]) -> str:
+    return "".join(seam.feed(p) for p in pieces) + seam.flush()
+
+
+@pytest.mark.parametrize(
+    ("prefix", "pieces", "expected"),
+    [
+        ("The quick brown ", ["fox ", "jumps"], "fox jumps"),
+        ("The quick brown ", [" fox"], "fox"),
+        ("The quick brown", [" fox"], " fox"),
+        ("The quick brown ", ["brown fox"], "fox"),
+        ("The quick brown ", ["quick ", "brown ", "fox"], "fox"),
+        ("The quick brown", ["brown fox"], " fox"),
+        ("It was inter", ["interrupted here"], "rupted here"),
+        ("Hello, wor", ["world"], "ld"),
+        ("cat", ["at the door"], "at the door"),  # two letters are a coincidence
+        ("abc", [""], ""),
+    ],
+)
+def test_seam_filter_removes_only_real_repetition(
+    prefix: str, pieces: list[str], expected: str
+) -> None:
+    assert feed_all(SeamFilter(prefix), pieces) == expected
+
+
+def test_seam_filter_releases_text_as_soon_as_it_cannot_be_a_repeat() -> None:
+    seam = SeamFilter("The quick brown fox ")
+    assert seam.feed("zebra") == "zebra"
+    assert not seam.pending
+
+
+def test_strict_args_accept_only_whole_json_objects() -> None:
+    assert strict_args('{"a": 1}') == {"a": 1}
+    assert strict_args("") == {}
+    assert strict_args('{"a": 1, "b') is None
+    assert strict_args("[1, 2]") is None
+
+
+def gen(message: AIMessageChunk) -> ChatGenerationChunk:
+    return ChatGenerationChunk(message=message)
+
+
+def test_accumulator_releases_a_tool_call_when_the_next_one_starts() -> None:
+    acc = TurnAccumulator("id")
+    pieces = [
+        tool_call_chunk(name="f", args='{"x":', id="a", index=0),
+        tool_call_chunk(name=None, args=" 1}", id=None, index=0),
+        tool_call_chunk(name="g", args='{"y": 2', id="b", index=1),
+    ]
+    released = []
+    for piece in pieces:
+        released += acc.feed(gen(AIMessageChunk(content="", tool_call_chunks=[piece])))
+    assert [json.loads(c.tool_call_chunks[0]["args"]) for c in released] == [{"x": 1}]
+    assert acc.in_flight is not None
+    assert acc.in_flight.args() == '{"y": 2'
+
+
+def test_accumulator_shifts_continuation_indices_past_used_ones() -> None:
+    acc = TurnAccumulator("id")
+    for index, args in ((0, "{}"), (1, '{"cut')):
+        piece = tool_call_chunk(name="f", args=args, id=f"c{index}", index=index)
+        acc.feed(gen(AIMessageChunk(content="", tool_call_chunks=[piece])))
+    acc.begin_attempt(continuing=False)
+    piece = tool_call_chunk(name="g", args="{}", id="b", index=0)
+    done = {"finish_reason": "tool_calls"}
+    out = acc.feed(
+        gen(AIMessageChunk(content="", tool_call_chunks=[piece], response_metadata=done))
+    )
+    assert [c.tool_call_chunks[0]["index"] for c in out] == [2]
+    assert [c.index for c in acc.completed] == [0, 2]
+
+
+def test_checkpoint_snapshot_holds_the_whole_turn_text_across_attempts() -> None:
+    acc = TurnAccumulator("id")
+    acc.feed(gen(AIMessageChunk(content="first ")))
+    acc.begin_attempt(continuing=True)
+    acc.feed(gen(AIMessageChunk(content="second")))
+    snapshot = acc.snapshot(run_id="r")
+    assert snapshot.partial_text == "first second"
+    assert snapshot.message_id == "id"
