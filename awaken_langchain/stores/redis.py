@@ -25,9 +25,8 @@ import contextlib
 import math
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,7 +47,6 @@ from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
     check_run_id,
-    checkpoint_from_dict,
 )
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
@@ -57,9 +55,6 @@ from awaken_langchain.stores._base import (
     LastWrite,
     check_epoch,
     decode_head,
-    decode_text,
-    encode_text,
-    new_write_id,
     run_id_bytes,
 )
 
@@ -72,9 +67,6 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 """What a Redis call raises when the server, network or data fails."""
-
-_NO_CURSOR: Mapping[str, Any] = MappingProxyType({})
-"""Redis needs nothing remembered between appends beyond the write id and length."""
 
 _SCAN_BATCH = 500
 """``COUNT`` hint for ``SCAN``, and how many heads are fetched per round trip."""
@@ -399,12 +391,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         ]
 
     @staticmethod
-    def _put_result(run_id: str, epoch: int, reply: Any) -> Mapping[str, Any] | None:
-        """Return the cursor of a write that landed, ``None`` if the text had changed."""
+    def _put_result(head: Head, epoch: int, reply: Any) -> Head | None:
+        """Return the head a write stored, or ``None`` if the text had changed."""
         status, current = bytes(reply[0]), int(reply[1])
         if status == b"refused":
-            check_epoch(run_id, epoch, current, action="put")
-        return _NO_CURSOR if status == b"ok" else None
+            check_epoch(head.run_id, epoch, current, action="put")
+        return head if status == b"ok" else None
 
     @staticmethod
     def _delete_args(epoch: int | None, write_id: str | None) -> list[bytes]:
@@ -421,33 +413,33 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         return value > 0
 
     @staticmethod
-    def _loaded(run_id: str, reply: Any) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+    def _loaded(run_id: str, reply: Any) -> tuple[Head, bytes] | None:
         if not reply:
             return None
-        return decode_head(bytes(reply[0]), run_id=run_id), bytes(reply[1]), _NO_CURSOR
+        return decode_head(bytes(reply[0]), run_id=run_id), bytes(reply[1])
 
     # -- backend primitives (sync) ---------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
         return int(self._client().client.incr(self._keys(run_id)[2]))
 
-    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Mapping[str, Any]:
+    def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         reply = self._client().put(
             keys=self._keys(head.run_id), args=self._put_args(head, text, epoch, None)
         )
-        cursor = self._put_result(head.run_id, epoch, reply)
-        assert cursor is not None  # a replace is never conditional
-        return cursor
+        stored = self._put_result(head, epoch, reply)
+        assert stored is not None  # a replace is never conditional
+        return stored
 
     def _backend_append(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Mapping[str, Any] | None:
+    ) -> Head | None:
         reply = self._client().put(
             keys=self._keys(head.run_id), args=self._put_args(head, delta, epoch, expect)
         )
-        return self._put_result(head.run_id, epoch, reply)
+        return self._put_result(head, epoch, reply)
 
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes, Mapping[str, Any]] | None:
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
         return self._loaded(run_id, self._client().load(keys=self._keys(run_id)[:2]))
 
     def _backend_delete(
@@ -493,8 +485,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     # -- async twins on redis.asyncio -------------------------------------------------
     #
-    # They follow DeltaCheckpointStore.get/put/delete step by step, awaiting the
-    # same scripts on the event loop's client instead of blocking.
+    # They take the same steps as DeltaCheckpointStore.get/put/delete, awaiting
+    # the same scripts on the event loop's client instead of blocking.
 
     async def aclaim(self, run_id: str) -> int:
         """Async twin of :meth:`claim`."""
@@ -510,33 +502,21 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         bound = self._async_client()
         if bound is None:
             return await super().aput(checkpoint)
-        if not isinstance(checkpoint, StreamCheckpoint):
-            raise StreamCheckpointError(
-                f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
-            )
-        run_id = check_run_id(checkpoint.run_id)
-        fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
-        fields["updated_at"] = max(0.0, self.clock())
-        text, epoch, write_id = checkpoint.partial_text, checkpoint.epoch, new_write_id()
-        keys = self._keys(run_id)
-        with self._memo_lock:
-            memo = self._memo.get(run_id)
-        with self._backend_errors("put", run_id):
-            cursor: Mapping[str, Any] | None = None
-            if memo is not None and text.startswith(memo.text):
-                delta = encode_text(text[len(memo.text) :])
-                head = Head(run_id, fields, memo.text_bytes + len(delta), write_id)
-                self._check_size(head)
-                reply = await bound.put(keys=keys, args=self._put_args(head, delta, epoch, memo))
-                cursor = self._put_result(run_id, epoch, reply)
-            if cursor is None:
-                data = encode_text(text)
-                head = Head(run_id, fields, len(data), write_id)
-                self._check_size(head)
-                reply = await bound.put(keys=keys, args=self._put_args(head, data, epoch, None))
-                cursor = self._put_result(run_id, epoch, reply)
-                assert cursor is not None  # a replace is never conditional
-        self._remember(run_id, LastWrite(write_id, text, head.text_bytes, cursor))
+        plan = self._prepare_put(checkpoint)
+        keys = self._keys(plan.run_id)
+        with self._backend_errors("put", plan.run_id):
+            stored = None
+            append = self._append_step(plan)
+            if append is not None and plan.last is not None:
+                head, delta = append
+                args = self._put_args(head, delta, plan.epoch, plan.last)
+                stored = self._put_result(head, plan.epoch, await bound.put(keys=keys, args=args))
+            if stored is None:
+                head, data = self._rewrite_step(plan)
+                args = self._put_args(head, data, plan.epoch, None)
+                stored = self._put_result(head, plan.epoch, await bound.put(keys=keys, args=args))
+                assert stored is not None  # a replace is never conditional
+        self._finish_put(plan, stored)
         return None
 
     async def aget(self, run_id: str) -> StreamCheckpoint | None:
@@ -547,21 +527,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         check_run_id(run_id)
         with self._backend_errors("get", run_id):
             loaded = self._loaded(run_id, await bound.load(keys=self._keys(run_id)[:2]))
-        if loaded is None:
-            return None
-        head, data, cursor = loaded
-        if self.is_expired(head.updated_at):
-            return None
-        if len(data) != head.text_bytes:
-            raise StreamCheckpointError(
-                f"stored checkpoint is corrupted (text is {len(data)} bytes, "
-                f"the head says {head.text_bytes})",
-                run_id=run_id,
-            )
-        text = decode_text(data, run_id=run_id)
-        checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
-        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, cursor))
-        return checkpoint
+        return self._rebuild(run_id, loaded)
 
     async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Async twin of :meth:`delete`."""
