@@ -11,15 +11,13 @@ import asyncio
 import contextlib
 import os
 import shutil
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
@@ -295,85 +293,37 @@ def redis_available() -> bool:
     )
 
 
-@dataclass
-class RedisServer:
-    """A private redis-server on a free loopback port, in a temporary directory."""
+def net_input_bytes(url: str) -> int:
+    """Bytes the Redis server at ``url`` has received from clients so far."""
+    import redis
 
-    port: int = 0
-    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench-redis-")))
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """The server's URL."""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        """Start the server and wait until it answers."""
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RuntimeError("redis-server is not installed")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.directory),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2),
-            ):
-                return self
-            time.sleep(0.02)
-        self.stop()
-        raise RuntimeError("redis-server did not start within 10 s")
-
-    def stop(self) -> None:
-        """Stop the server and remove its directory."""
-        if self.process is not None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-            self.process = None
-        shutil.rmtree(self.directory, ignore_errors=True)
-
-    def net_input_bytes(self) -> int:
-        """Bytes the server has received from clients so far."""
-        import redis
-
-        client = redis.Redis.from_url(self.url)
-        try:
-            return int(client.info("stats")["total_net_input_bytes"])
-        finally:
-            client.close()
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_net_input_bytes"])
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager
-def redis_server() -> Iterator[RedisServer | None]:
-    """A running :class:`RedisServer`, or ``None`` when Redis is not available."""
+def redis_server() -> Iterator[str | None]:
+    """The URL of a private redis-server, or ``None`` when Redis is not available.
+
+    The server is the test suite's (tests/redis_server.py): a free loopback port,
+    a temporary directory, nothing persisted; it is stopped afterwards.
+    """
     if not redis_available():
         yield None
         return
-    server = RedisServer().start()
+    from tests.redis_server import RedisServer
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
+    server = RedisServer(directory)
+    server.start()
     try:
-        yield server
+        yield server.url
     finally:
         server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def store_names(*, redis: bool = True) -> list[str]:

@@ -27,11 +27,11 @@ if __package__ in (None, ""):  # run as a script from a clone
 
 from awaken_langchain import RecoveringChatModel
 from benchmarks._common import (
-    RedisServer,
     TimedStore,
     TokenStreamModel,
     machine_line,
     make_store,
+    net_input_bytes,
     redis_server,
     store_names,
     table,
@@ -52,18 +52,16 @@ class Row:
     time_growth: float | None = None
 
 
-def measure(
-    store_name: str, tokens: int, directory: Path, server: RedisServer | None = None
-) -> Row:
+def measure(store_name: str, tokens: int, directory: Path, redis_url: str | None = None) -> Row:
     """Stream one turn of ``tokens`` tokens into a fresh store and measure the writes."""
-    store = TimedStore(make_store(store_name, directory, server.url if server else None))
+    store = TimedStore(make_store(store_name, directory, redis_url))
     try:
         model = RecoveringChatModel(
             model=TokenStreamModel(tokens=tokens), store=store, stream_idle_timeout=None
         )
-        before = _bytes(store_name, server)
+        before = _bytes(store_name, redis_url)
         text = "".join(str(chunk.content) for chunk in model.stream("hi"))
-        after = _bytes(store_name, server)
+        after = _bytes(store_name, redis_url)
     finally:
         store.close()
     if len(text) != 4 * tokens:
@@ -72,11 +70,11 @@ def measure(
     return Row(store_name, tokens, len(store.put_seconds), written, store.total_seconds)
 
 
-def _bytes(store_name: str, server: RedisServer | None) -> int | None:
+def _bytes(store_name: str, redis_url: str | None) -> int | None:
     if store_name == "memory":
         return None
     if store_name == "redis":
-        return None if server is None else server.net_input_bytes()
+        return None if redis_url is None else net_input_bytes(redis_url)
     return written_bytes()
 
 
@@ -85,12 +83,12 @@ def main(
 ) -> list[Row]:
     """Measure every store at every length, print a table, and return the rows."""
     rows: list[Row] = []
-    with redis_server() as server, tempfile.TemporaryDirectory() as tmp:
-        names = stores or tuple(store_names(redis=server is not None))
+    with redis_server() as redis_url, tempfile.TemporaryDirectory() as tmp:
+        names = stores or tuple(store_names(redis=redis_url is not None))
         for name in names:
             previous: Row | None = None
             for n in tokens:
-                row = measure(name, n, Path(tmp) / f"{name}-{n}", server)
+                row = measure(name, n, Path(tmp) / f"{name}-{n}", redis_url)
                 if previous is not None:
                     if row.bytes_written is not None and previous.bytes_written:
                         row.bytes_growth = row.bytes_written / previous.bytes_written

@@ -171,12 +171,12 @@ def main(streams: int = 256, processes: int = 4, chars: int = 1_024) -> list[Row
     with redis_server() as server, tempfile.TemporaryDirectory() as tmp:
         local = ["memory", "diskcache"] + (["redis"] if server else [])
         for name in local:
-            location = server.url if name == "redis" and server else f"{tmp}/one-{name}"
+            location = server if name == "redis" and server else f"{tmp}/one-{name}"
             result = asyncio.run(_turns(name, location, streams, chars, "one"))
             rows.append(_row(f"1 process x {streams}", name, [result], result["left"]))
         shared = ["diskcache"] + (["redis"] if server else [])
         for name in shared:
-            location = server.url if name == "redis" and server else f"{tmp}/shared"
+            location = server if name == "redis" and server else f"{tmp}/shared"
             results = _processes(name, location, processes, per_process, chars)
             case = f"{processes} processes x {per_process}"
             rows.append(_row(case, name, results, _left(name, location)))
