@@ -164,17 +164,23 @@ def _processes(
     return results
 
 
-def main(streams: int = 256, processes: int = 4, chars: int = 1_024) -> list[Row]:
-    """Run every case, print a table, and return the rows."""
+def main(
+    streams: int = 256, processes: int = 4, chars: int = 1_024, stores: tuple[str, ...] = ()
+) -> list[Row]:
+    """Run every case (on ``stores``, default all), print a table, and return the rows."""
     per_process = max(1, streams // processes)
     rows = []
     with redis_server() as server, tempfile.TemporaryDirectory() as tmp:
-        local = ["memory", "diskcache"] + (["redis"] if server else [])
+        local = [
+            name
+            for name in ["memory", "diskcache"] + (["redis"] if server else [])
+            if not stores or name in stores
+        ]
         for name in local:
             location = server if name == "redis" and server else f"{tmp}/one-{name}"
             result = asyncio.run(_turns(name, location, streams, chars, "one"))
             rows.append(_row(f"1 process x {streams}", name, [result], result["left"]))
-        shared = ["diskcache"] + (["redis"] if server else [])
+        shared = [name for name in local if name != "memory"]
         for name in shared:
             location = server if name == "redis" and server else f"{tmp}/shared"
             results = _processes(name, location, processes, per_process, chars)
@@ -225,5 +231,6 @@ if __name__ == "__main__":
     parser.add_argument("--streams", type=int, default=256, help="concurrent turns in total")
     parser.add_argument("--processes", type=int, default=4, help="processes sharing one store")
     parser.add_argument("--chars", type=int, default=1_024, help="characters per answer")
+    parser.add_argument("--stores", nargs="*", default=[], help="stores to measure (default: all)")
     args = parser.parse_args()
-    main(args.streams, args.processes, args.chars)
+    main(args.streams, args.processes, args.chars, tuple(args.stores))
