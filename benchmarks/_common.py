@@ -360,6 +360,8 @@ class TimedStore(StreamCheckpointStore):
         self.clock = inner.clock
         self.put_seconds: list[float] = []
         self.other_seconds = 0.0
+        self.cpu_seconds = 0.0
+        """CPU time of the calling thread inside the sync calls (the store's own work)."""
 
     @property
     def total_seconds(self) -> float:
@@ -367,31 +369,35 @@ class TimedStore(StreamCheckpointStore):
         return sum(self.put_seconds) + self.other_seconds
 
     def get(self, run_id: str) -> StreamCheckpoint | None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return self.inner.get(run_id)
         finally:
+            self.cpu_seconds += time.thread_time() - cpu
             self.other_seconds += time.perf_counter() - start
 
     def put(self, checkpoint: StreamCheckpoint) -> None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             self.inner.put(checkpoint)
         finally:
+            self.cpu_seconds += time.thread_time() - cpu
             self.put_seconds.append(time.perf_counter() - start)
 
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             self.inner.delete(run_id, epoch=epoch)
         finally:
+            self.cpu_seconds += time.thread_time() - cpu
             self.other_seconds += time.perf_counter() - start
 
     def claim(self, run_id: str) -> int:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         try:
             return self.inner.claim(run_id)
         finally:
+            self.cpu_seconds += time.thread_time() - cpu
             self.other_seconds += time.perf_counter() - start
 
     def list_run_ids(self) -> list[str]:

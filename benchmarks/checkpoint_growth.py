@@ -7,9 +7,10 @@ and Redis when ``awaken_langchain.stores.redis`` and a ``redis-server`` binary
 are available (a private server on a free loopback port). The table shows the
 puts made, the bytes written (``wchar`` of ``/proc/self/io`` for the local
 stores, the bytes the Redis server received for Redis; the memory store writes
-nothing), the time spent inside the store (claim, get, puts, delete) and, for
-each tenfold longer turn, how many times the cost grew: a store whose put costs
-its delta grows about tenfold.
+nothing), the time spent inside the store (claim, get, puts, delete: wall time,
+and the CPU time of the calling thread, which a busy machine disturbs less; for
+Redis the CPU time is the client's only) and, for each tenfold longer turn, how
+many times the cost grew: a store whose put costs its delta grows about tenfold.
 
 Run: ``python -m benchmarks.checkpoint_growth [--tokens 1000 10000 100000]``
 """
@@ -48,8 +49,10 @@ class Row:
     puts: int
     bytes_written: int | None
     store_s: float
+    store_cpu_s: float
     bytes_growth: float | None = None
     time_growth: float | None = None
+    cpu_growth: float | None = None
 
 
 def measure(store_name: str, tokens: int, directory: Path, redis_url: str | None = None) -> Row:
@@ -67,7 +70,14 @@ def measure(store_name: str, tokens: int, directory: Path, redis_url: str | None
     if len(text) != 4 * tokens:
         raise RuntimeError(f"{store_name}: the turn has {len(text)} characters, not {4 * tokens}")
     written = None if before is None or after is None else after - before
-    return Row(store_name, tokens, len(store.put_seconds), written, store.total_seconds)
+    return Row(
+        store_name,
+        tokens,
+        len(store.put_seconds),
+        written,
+        store.total_seconds,
+        store.cpu_seconds,
+    )
 
 
 def _bytes(store_name: str, redis_url: str | None) -> int | None:
@@ -93,6 +103,7 @@ def main(
                     if row.bytes_written is not None and previous.bytes_written:
                         row.bytes_growth = row.bytes_written / previous.bytes_written
                     row.time_growth = row.store_s / previous.store_s
+                    row.cpu_growth = row.store_cpu_s / previous.store_cpu_s
                 rows.append(row)
                 previous = row
     print(f"## Checkpoint write cost against turn length; {machine_line()}")
@@ -105,9 +116,11 @@ def main(
                 "bytes written",
                 "bytes/token",
                 "store ms",
-                "us/put",
+                "store CPU ms",
+                "CPU us/put",
                 "bytes growth",
                 "time growth",
+                "CPU growth",
             ],
             [
                 (
@@ -117,9 +130,11 @@ def main(
                     r.bytes_written,
                     None if r.bytes_written is None else r.bytes_written / r.tokens,
                     r.store_s * 1e3,
-                    r.store_s / max(1, r.puts) * 1e6,
+                    r.store_cpu_s * 1e3,
+                    r.store_cpu_s / max(1, r.puts) * 1e6,
                     None if r.bytes_growth is None else f"{r.bytes_growth:.1f}x",
                     None if r.time_growth is None else f"{r.time_growth:.1f}x",
+                    None if r.cpu_growth is None else f"{r.cpu_growth:.1f}x",
                 )
                 for r in rows
             ],
