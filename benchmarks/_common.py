@@ -161,7 +161,9 @@ class Interruption:
     """When a :class:`ContinuingModel` attempt broke and when the next one began."""
 
     raised_at: float
+    raised_cpu: float
     continued_at: float | None = None
+    continued_cpu: float | None = None
 
 
 class ContinuingModel(BaseChatModel):
@@ -228,6 +230,7 @@ class ContinuingModel(BaseChatModel):
         self._request_cpu.append(time.process_time())
         if self._interruptions and self._interruptions[-1].continued_at is None:
             self._interruptions[-1].continued_at = now
+            self._interruptions[-1].continued_cpu = self._request_cpu[-1]
         prefix = ""
         original = messages
         if len(messages) >= 3 and isinstance(messages[-2], AIMessage):
@@ -246,7 +249,7 @@ class ContinuingModel(BaseChatModel):
             yield answer[i : min(i + self.chunk_chars, end)]
 
     def _broke(self) -> ConnectionResetError:
-        self._interruptions.append(Interruption(time.perf_counter()))
+        self._interruptions.append(Interruption(time.perf_counter(), time.process_time()))
         return ConnectionResetError("connection reset by peer")
 
     def _stream(
