@@ -325,6 +325,16 @@ class _Turn:
             epoch=self.epoch or 0,
         )
 
+    def saved(self) -> None:
+        """A write ended: the time cadence counts from now.
+
+        Counting from when the write began would make every chunk after a
+        write slower than ``checkpoint_every_seconds`` due at once, so a slow
+        store (or many turns sharing one) would be written on every chunk, and
+        slowed down further by it.
+        """
+        self._last_put = self.policy.clock()
+
     def store_failed(self, exc: StreamCheckpointError) -> str:
         """Record a store failure; a fenced writer stops checkpointing."""
         if isinstance(exc, StreamCheckpointFencedError):
@@ -838,6 +848,7 @@ class RecoveringChatModel(BaseChatModel):
             self.store.put(checkpoint)
         except StreamCheckpointError as exc:
             self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
+        turn.saved()
 
     def _event(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
@@ -969,6 +980,7 @@ class RecoveringChatModel(BaseChatModel):
             await self.store.aput(checkpoint)
         except StreamCheckpointError as exc:
             await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
+        turn.saved()
 
     async def _aevent(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
