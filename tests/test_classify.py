@@ -19,6 +19,7 @@ import httpcore
 import httpcore2
 import httpx
 import httpx2
+import langchain_core.exceptions
 import openai
 import pytest
 from anthropic._error_classes import make_status_error as anthropic_status_error
@@ -500,3 +501,25 @@ def test_importing_the_package_imports_no_provider_sdk() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_every_http_error_status_has_a_kind_and_only_transient_ones_retry() -> None:
+    transient = {408, 409, 429}
+    for status in range(400, 600):
+        info = classify_error(anthropic_error(status))
+        assert info.kind is not ErrorKind.UNKNOWN, status
+        assert info.retryable == (status >= 500 or status in transient), status
+
+
+def _is_model_error_class(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, ModelError)
+
+
+@pytest.mark.parametrize(
+    "error_class",
+    [cls for cls in vars(langchain_core.exceptions).values() if _is_model_error_class(cls)],
+    ids=lambda cls: cls.__name__,
+)
+def test_classification_agrees_with_langchain_is_retryable(error_class: type[ModelError]) -> None:
+    exc = error_class()
+    assert classify_error(exc).retryable == error_class.is_retryable

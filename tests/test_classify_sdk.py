@@ -24,7 +24,7 @@ from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from awaken_langchain import ErrorKind, RecoveringChatModel, RetryPolicy, classify_error
+from awaken_langchain import ErrorKind, RetryPolicy, classify_error
 from awaken_langchain.errors import StreamEndedEarlyError
 from awaken_langchain.testing import Fault, LoopbackProvider, Scenario
 
@@ -444,46 +444,5 @@ async def test_provider_hint_of_an_hour_waits_the_sixty_second_cap(
     )
     sleeps = Sleeps()
     await drive(path, env, _policy(sleeps))
-    assert sleeps.seconds == [60.0]
-    assert len(env.server.requests) == 2
-
-
-# --- driven through RecoveringChatModel -------------------------------------------------
-
-LANGCHAIN_PATHS = [path for path in PATHS if path.layer == "langchain"]
-
-
-async def recover(path: Path, env: Loopback, sleeps: Sleeps) -> list[Any]:
-    """Stream through a RecoveringChatModel wrapping ``path``'s chat model."""
-    model = RecoveringChatModel(model=_chat_model(path, env, TIMEOUT), retry_policy=_policy(sleeps))
-    if path.is_async:
-        return [chunk async for chunk in model.astream("Say something.")]
-    return list(model.stream("Say something."))
-
-
-@pytest.mark.parametrize("path", LANGCHAIN_PATHS, ids=lambda p: p.id)
-@pytest.mark.parametrize("case", PERMANENT, ids=lambda c: c.id)
-async def test_recovering_model_sends_one_request_for_a_permanent_error(
-    env: Loopback, case: Case, path: Path
-) -> None:
-    env.server.enqueue(Scenario(text=ANSWER, fault=case.fault()), Scenario(text=ANSWER))
-    sleeps = Sleeps()
-    with pytest.raises(Exception) as caught:
-        await recover(path, env, sleeps)
-    assert classify_error(caught.value).kind is case.expected_kind(path)
-    assert len(env.server.requests) == 1
-    assert sleeps.seconds == []
-
-
-@pytest.mark.parametrize("path", LANGCHAIN_PATHS, ids=lambda p: p.id)
-async def test_recovering_model_caps_an_hour_long_hint_at_sixty_seconds(
-    env: Loopback, path: Path
-) -> None:
-    env.server.enqueue(
-        Scenario(text=ANSWER, fault=Fault.rate_limited(retry_after=3600)), Scenario(text=ANSWER)
-    )
-    sleeps = Sleeps()
-    chunks = await recover(path, env, sleeps)
-    assert "".join(str(chunk.content) for chunk in chunks) == ANSWER
     assert sleeps.seconds == [60.0]
     assert len(env.server.requests) == 2
