@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import email.utils
 import functools
+import http.client
 import json
 import subprocess
 import sys
@@ -22,6 +23,9 @@ import httpx2
 import langchain_core.exceptions
 import openai
 import pytest
+import requests
+import urllib3
+import urllib3.exceptions
 from anthropic._error_classes import make_status_error as anthropic_status_error
 from langchain_anthropic.chat_models import (
     AnthropicContextOverflowError,
@@ -471,6 +475,42 @@ def test_httpx_status_error_is_classified_by_its_response() -> None:
     exc = httpx2.HTTPStatusError("503", request=response.request, response=response)
     info = classify_error(exc)
     assert (info.kind, info.retry_after, info.status_code) == (ErrorKind.OVERLOADED, 2.0, 503)
+
+
+def test_requests_http_error_is_classified_by_its_response() -> None:
+    response = requests.Response()
+    response.status_code = 429
+    response.headers["Retry-After"] = "12"
+    info = classify_error(requests.HTTPError("429 Client Error", response=response))
+    assert (info.kind, info.retryable, info.retry_after) == (ErrorKind.RATE_LIMITED, True, 12.0)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (requests.ConnectionError("connection aborted"), ErrorKind.CONNECTION),
+        (requests.exceptions.ChunkedEncodingError("body cut off"), ErrorKind.CONNECTION),
+        (requests.ReadTimeout("slow"), ErrorKind.TIMEOUT),
+        (requests.ConnectTimeout("slow"), ErrorKind.TIMEOUT),
+        (urllib3.exceptions.ProtocolError("connection broken"), ErrorKind.CONNECTION),
+        (
+            urllib3.exceptions.ReadTimeoutError(urllib3.HTTPConnectionPool("p.test"), "/", "slow"),
+            ErrorKind.TIMEOUT,
+        ),
+        (http.client.IncompleteRead(b"partial"), ErrorKind.CONNECTION),
+        (http.client.RemoteDisconnected("closed"), ErrorKind.CONNECTION),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_requests_and_urllib3_transport_errors_are_retryable(
+    exc: Exception, kind: ErrorKind
+) -> None:
+    assert (classify_error(exc).kind, classify_error(exc).retryable) == (kind, True)
+
+
+def test_certificate_errors_are_not_retried() -> None:
+    for exc in (requests.exceptions.SSLError("bad cert"), urllib3.exceptions.SSLError("bad")):
+        assert not classify_error(exc).retryable
 
 
 def test_error_info_serializes_to_json() -> None:
