@@ -297,7 +297,8 @@ class LoopbackProvider:
         for connection in connections:
             _shutdown_quietly(connection)
         for handler_thread in connections.values():
-            handler_thread.join(timeout=5)
+            if handler_thread is not threading.current_thread():
+                handler_thread.join(timeout=5)
         if thread is not None:
             thread.join(timeout=5)
         self._server = None
@@ -577,6 +578,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Events are small writes: send each at once, as streaming servers do.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.provider._register(self.connection)
 
     def finish(self) -> None:
