@@ -22,6 +22,7 @@ from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 
+from awaken_langchain import RecoveringChatModel
 from awaken_langchain.testing import (
     DEFAULT_SHAPE_RULES,
     NO_ASSISTANT_PREFILL,
@@ -31,6 +32,7 @@ from awaken_langchain.testing import (
     Scenario,
     ScriptedToolCall,
     TokenUsage,
+    continuation_responder,
     echo_responder,
     periodic_fault,
 )
@@ -581,6 +583,48 @@ def test_echo_responder_answers_with_last_user_message() -> None:
     assert message.text == "You said: ping pong"
 
 
+def continuation_request(prefix: str) -> list[dict[str, Any]]:
+    return [
+        user("Tell me a sentence."),
+        {"role": "assistant", "content": prefix},
+        user("Continue exactly where you stopped."),
+    ]
+
+
+def test_continuation_responder_answers_the_rest_of_the_text() -> None:
+    responder = continuation_responder(Scenario(text=TEXT, chunk_size=3), overlap=4)
+    with LoopbackProvider(default=responder) as server:
+        client = anthropic_client(server)
+        first = client.messages.create(**anthropic_body([user("Tell me a sentence.")]))
+        rest = client.messages.create(**anthropic_body(continuation_request(TEXT[:19])))
+        next_turn = client.messages.create(
+            **anthropic_body([*continuation_request(TEXT)[:2], user("Again?")])
+        )
+    assert [first.content[0].text, rest.content[0].text, next_turn.content[0].text] == [
+        TEXT,
+        TEXT[15:],
+        TEXT,
+    ]
+    with pytest.raises(ValueError, match="overlap >= 0"):
+        continuation_responder(Scenario(text=TEXT), overlap=-1)
+
+
+def test_recovering_model_continues_a_dropped_stream_from_the_loopback(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(6)))
+    server.default = continuation_responder(Scenario(text=TEXT), overlap=5)
+    model = RecoveringChatModel(model=chat_anthropic(server))
+    chunks = list(model.stream("Tell me a sentence."))
+    assert "".join(chunk.text for chunk in chunks) == TEXT
+    first, continuation = server.requests
+    assert first.scenario is not None
+    assert first.scenario.fault is not None
+    assert continuation.rejected_by is None
+    assert continuation.messages[-2] == {"role": "assistant", "content": TEXT[:16].rstrip()}
+    assert continuation.messages[-1]["role"] == "user"
+
+
 def test_responder_sees_the_request(server: LoopbackProvider) -> None:
     seen: list[RecordedRequest] = []
 
@@ -1036,6 +1080,7 @@ def test_server_public_names_are_exported_from_testing() -> None:
         "ScriptedToolCall",
         "ShapeRule",
         "TokenUsage",
+        "continuation_responder",
         "echo_responder",
         "periodic_fault",
     ]

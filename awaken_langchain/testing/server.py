@@ -39,8 +39,10 @@ delta arrived before the drop.
 In pytest, enable the ``loopback_provider`` fixture with
 ``pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]`` in a
 ``conftest.py``. Run the server standalone (for demos) with
-``python -m awaken_langchain.testing.server --port 8765 --echo``; add
-``--fault drop --fault-every 3`` to break every third answer mid-stream.
+``python -m awaken_langchain.testing.server --port 8765 --text "..."``; add
+``--fault drop --fault-every 3`` to break every third answer mid-stream
+(continuation requests get the rest of the text, see
+:func:`continuation_responder`), or ``--echo`` to repeat the user's message.
 """
 
 from __future__ import annotations
@@ -106,6 +108,7 @@ __all__ = [
     "ScriptedToolCall",
     "ShapeRule",
     "TokenUsage",
+    "continuation_responder",
     "echo_responder",
     "periodic_fault",
 ]
@@ -180,6 +183,40 @@ def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Respon
 
     def respond(request: RecordedRequest) -> Scenario:
         return Scenario(text=prefix + _last_user_text(request.messages), chunk_size=chunk_size)
+
+    return respond
+
+
+def continuation_responder(answer: Scenario, *, overlap: int = 0) -> Responder:
+    """A responder that behaves like a model asked to continue an interrupted answer.
+
+    Every request is answered with ``answer``, except a continuation: when the
+    last assistant message in the request is a non-empty beginning of
+    ``answer``'s text (a saved prefix, sent without trailing whitespace), only
+    the rest of the text is sent. Set ``overlap`` to repeat that many characters
+    of the prefix first, as real models often do at the seam. Combine it with
+    :func:`periodic_fault` for an offline demo in which interrupted streams
+    are continued and still add up to ``answer``.
+
+    Args:
+        answer: The complete answer: its text is what continuations continue;
+            its other fields (tool calls, chunking, pacing...) are kept.
+        overlap: Characters of the prefix to repeat at the start of a
+            continuation.
+
+    Returns:
+        A responder usable as ``LoopbackProvider(default=...)``.
+    """
+    if overlap < 0:
+        raise ValueError(f"continuation_responder needs overlap >= 0, got {overlap}")
+    full = answer.full_text
+
+    def respond(request: RecordedRequest) -> Scenario:
+        prefix = _last_assistant_text(request.messages)
+        if prefix and full.startswith(prefix) and len(prefix) < len(full):
+            start = max(0, len(prefix) - overlap)
+            return dataclasses.replace(answer, text=full[start:])
+        return answer
 
     return respond
 
@@ -861,9 +898,10 @@ def _shutdown_quietly(connection: socket.socket) -> None:
         connection.shutdown(socket.SHUT_RDWR)
 
 
-def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+def _last_text(messages: Sequence[Mapping[str, Any]], role: str, joiner: str) -> str:
+    """The text of the last message with ``role`` (string or text-block content)."""
     for message in reversed(messages):
-        if message.get("role") != "user":
+        if message.get("role") != role:
             continue
         content = message.get("content")
         if isinstance(content, str):
@@ -874,8 +912,17 @@ def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
                 for block in content
                 if isinstance(block, Mapping) and block.get("type") == "text"
             ]
-            return " ".join(texts)
+            return joiner.join(texts)
+        return ""
     return ""
+
+
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    return _last_text(messages, "user", " ")
+
+
+def _last_assistant_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    return _last_text(messages, "assistant", "")
 
 
 # -- command line ---------------------------------------------------------------------
@@ -896,8 +943,9 @@ _CLI_FAULTS: dict[str, Callable[[argparse.Namespace], Fault]] = {
 
 
 def _cli_default(args: argparse.Namespace) -> Scenario | Responder:
-    base: Scenario | Responder = Scenario(
-        text=args.text, chunk_size=args.chunk_size, delay=args.delay
+    base: Scenario | Responder = continuation_responder(
+        Scenario(text=args.text, chunk_size=args.chunk_size, delay=args.delay),
+        overlap=args.overlap,
     )
     if args.echo:
         echo = echo_responder(chunk_size=args.chunk_size)
@@ -929,7 +977,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one")
-    parser.add_argument("--text", default=DEFAULT_ANSWER, help="the answer to every request")
+    parser.add_argument(
+        "--text",
+        default=DEFAULT_ANSWER,
+        help="the answer to every request; a continuation request gets the rest of it",
+    )
+    parser.add_argument(
+        "--overlap", type=int, default=0, help="characters a continuation repeats at the seam"
+    )
     parser.add_argument("--echo", action="store_true", help="answer with the last user message")
     parser.add_argument("--chunk-size", type=int, default=4, help="characters per delta")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between events")
@@ -942,8 +997,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--stall-seconds", type=float, default=5.0, help="length of a stall")
     args = parser.parse_args(argv)
-    if args.fault_every < 1 or args.fault_after_events < 0 or args.chunk_size < 1:
-        parser.error("--fault-every and --chunk-size must be >= 1, --fault-after-events >= 0")
+    if args.fault_every < 1 or args.chunk_size < 1:
+        parser.error("--fault-every and --chunk-size must be >= 1")
+    if args.fault_after_events < 0 or args.overlap < 0:
+        parser.error("--fault-after-events and --overlap must be >= 0")
 
     done = threading.Event()
 
