@@ -1115,3 +1115,10 @@ def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> No
     block = doc.split("at it::\n", 1)[1].split("\n\nThis prints", 1)[0]
     exec(textwrap.dedent(block), {})
     assert capsys.readouterr().out == "Hell <connection dropped>\n"
+
+
+def test_readme_testing_example_runs() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Testing your own recovery", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(block, {})
