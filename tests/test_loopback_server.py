@@ -31,6 +31,7 @@ from awaken_langchain.testing import (
     RecordedRequest,
     Scenario,
     ScriptedToolCall,
+    ShapeRule,
     TokenUsage,
     continuation_responder,
     echo_responder,
@@ -946,6 +947,27 @@ def test_failing_responder_answers_500_naming_the_error(server: LoopbackProvider
     server.default = broken
     with pytest.raises(openai.InternalServerError, match="no script for this prompt"):
         chat_openai(server).invoke("hi")
+
+
+def test_responder_returning_no_scenario_answers_500_naming_the_value(
+    server: LoopbackProvider,
+) -> None:
+    server.default = lambda request: None  # type: ignore[assignment,return-value]
+    with pytest.raises(openai.InternalServerError, match="must return a Scenario"):
+        chat_openai(server).invoke("hi")
+
+
+def test_failing_shape_rule_answers_500_and_is_reported_in_errors() -> None:
+    def crash(body: Any) -> str | None:
+        raise RuntimeError("rule bug")
+
+    rule = ShapeRule("openai.crash", "openai", "Always crashes.", crash)
+    with (
+        LoopbackProvider(shape_rules=[rule]) as server,
+        pytest.raises(openai.InternalServerError, match="rule bug"),
+    ):
+        chat_openai(server).invoke("hi")
+    assert [repr(error) for error in server.errors] == ["RuntimeError('rule bug')"]
 
 
 def test_periodic_fault_breaks_every_nth_default_answer() -> None:

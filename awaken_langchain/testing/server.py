@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import itertools
 import json
 import logging
@@ -291,6 +292,7 @@ class LoopbackProvider:
         self._server: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: dict[socket.socket, threading.Thread] = {}
+        self._errors: list[Exception] = []
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -426,6 +428,17 @@ class LoopbackProvider:
         """The requests received in ``provider``'s wire format, oldest first."""
         return [r for r in self.requests if r.provider == provider]
 
+    @property
+    def errors(self) -> list[Exception]:
+        """Exceptions the server itself raised while answering (a copy).
+
+        Client disconnects are normal and not listed. Anything here is a bug in
+        the server or in a responder's scenario; the ``loopback_provider``
+        pytest fixture fails the test when this is not empty.
+        """
+        with self._lock:
+            return list(self._errors)
+
     def reset(self) -> None:
         """Forget recorded requests and queued scenarios (request numbers keep counting)."""
         with self._lock:
@@ -457,16 +470,27 @@ class LoopbackProvider:
             self._requests.append(request)
         return request, rejection[1] if rejection is not None else None
 
+    def _record_error(self, error: Exception) -> None:
+        with self._lock:
+            self._errors.append(error)
+
     def _answer_by_default(self, request: RecordedRequest) -> Scenario:
         default = self._default
         if isinstance(default, Scenario):
             return default
         try:
-            return default(request)
+            scenario = default(request)
         except Exception as exc:
             logger.exception("the loopback provider's default responder failed")
             message = f"loopback provider: the default responder raised {exc!r}"
             return Scenario(name="responder-error", fault=Fault.http_error(500, message=message))
+        if not isinstance(scenario, Scenario):
+            message = (
+                f"loopback provider: the default responder returned {scenario!r}; "
+                "it must return a Scenario"
+            )
+            return Scenario(name="responder-error", fault=Fault.http_error(500, message=message))
+        return scenario
 
     def _take(self, provider: Provider) -> Scenario | None:
         for i, scenario in enumerate(self._queue):
@@ -511,6 +535,8 @@ class _HTTPServer(ThreadingHTTPServer):
             logger.debug("connection from %s ended: %r", client_address, error)
         else:
             logger.error("error answering %s", client_address, exc_info=error)
+            if isinstance(error, Exception):
+                self.provider._record_error(error)
 
 
 @dataclass(frozen=True)
@@ -628,11 +654,27 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s " + format, self.address_string(), *args)
 
     def do_POST(self) -> None:
+        self._status_sent = False
         try:
             self._handle()
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             # The client went away (for example after a read timeout): nothing to answer.
             self.close_connection = True
+        except Exception as error:
+            # A bug in the server, a responder or a shape rule: make it loud.
+            logger.error("error answering %s %s", self.command, self.path, exc_info=error)
+            self.provider._record_error(error)
+            if self._status_sent:
+                self._drop(reset=False)
+            else:
+                message = f"the loopback provider failed: {error!r}"
+                body = {"error": {"message": message, "type": "server_error"}}
+                self._send_json(500, body)
+                self.close_connection = True
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status_sent = True
+        super().send_response(code, message)
 
     do_GET = do_PUT = do_DELETE = do_PATCH = do_POST
 
@@ -843,6 +885,8 @@ class _Handler(BaseHTTPRequestHandler):
                 with contextlib.suppress(OSError):
                     stream.close()
             self.connection.close()
+            # The request loop still flushes and closes its streams: give it inert ones.
+            self.rfile, self.wfile = io.BytesIO(), io.BytesIO()
         else:
             _shutdown_quietly(self.connection)
 
