@@ -659,6 +659,8 @@ def test_scenario_rejects_invalid_settings() -> None:
         Scenario(chunk_size=0)
     with pytest.raises(ValueError, match="4xx/5xx"):
         Fault.http_error(200)
+    with pytest.raises(ValueError, match="JSON-serialisable"):
+        ScriptedToolCall("f", {"when": object()})
     with pytest.raises(ValueError, match="timezone-aware"):
         Fault.rate_limited(retry_after=datetime(2030, 1, 1))
 

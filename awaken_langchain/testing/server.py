@@ -633,6 +633,7 @@ def _stall_steps(fault: Fault | None, keepalive: Frame | None) -> list[_Step]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
+    _status_sent = False
     server_version = "loopback-provider"
 
     @property
