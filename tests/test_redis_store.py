@@ -27,6 +27,7 @@ import redis
 
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.stores._base import Head
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from tests.conftest import FakeClock
 from tests.redis_server import RedisServer, redis_server_binary, unique_prefix
@@ -195,6 +196,29 @@ def test_store_clock_expires_a_checkpoint_before_redis_does(
         assert store.gc() == 1
         assert raw.exists(f"{store.prefix}:{{old}}:head") == 0
         assert store.get("young") is not None
+
+
+def test_gc_keeps_a_checkpoint_rewritten_while_it_was_deciding(
+    redis_server: RedisServer,
+) -> None:
+    clock = FakeClock()
+    prefix = unique_prefix()
+    with (
+        RedisStreamCheckpointStore(redis_server.url, prefix=prefix, ttl=60, clock=clock) as gc,
+        RedisStreamCheckpointStore(redis_server.url, prefix=prefix, ttl=60) as writer,
+    ):
+        gc.put(checkpoint("run-1", "old"))
+        clock.now += 61
+
+        def expired_but_rewritten_meanwhile(head: Head) -> bool:
+            writer.put(checkpoint("run-1", "written by a live worker"))
+            return gc.is_expired(head.updated_at)
+
+        # the collector saw an expired head; a worker rewrote the run before the delete
+        assert gc._backend_delete("run-1", None, expired_but_rewritten_meanwhile) is False
+        found = writer.get("run-1")
+        assert found is not None
+        assert found.partial_text == "written by a live worker"
 
 
 # -- delta writes ----------------------------------------------------------------
