@@ -2,7 +2,7 @@
 
 A streamed turn is checkpointed every few tokens, so each put adds a small
 delta to an ever longer ``partial_text``. This program measures, for each store
-(Redis too, on a throwaway local redis-server when one is installed), the mean
+(Redis too, on a throwaway local redis-server when one is installed), the mean and median
 time and the bytes written per put when 16 characters are appended to a 200 KB
 partial and to a 2 KB partial, side by side, and prints the ratio (the goal is
 about 2x or less: a put should cost its delta, not the turn). A "rewrite"
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -111,6 +112,7 @@ class Measurement:
     store: str
     partial_chars: int
     append_us: float
+    append_median_us: float
     append_bytes: float | None
     rewrite_us: float
 
@@ -141,7 +143,7 @@ def measure(store_name: str, sizes: tuple[int, ...], *, delta: int, puts: int) -
             for store, text in zip(stores, texts, strict=True):
                 store.put(StreamCheckpoint(run_id="bench", partial_text=text))
             chunk = "y" * delta
-            append_s = [0.0] * len(sizes)
+            append_s: list[list[float]] = [[] for _ in sizes]
             written = [0] * len(sizes)
             for _ in range(puts):
                 for i, store in enumerate(stores):
@@ -150,7 +152,7 @@ def measure(store_name: str, sizes: tuple[int, ...], *, delta: int, puts: int) -
                     before = counted()
                     start = time.perf_counter()
                     store.put(checkpoint)
-                    append_s[i] += time.perf_counter() - start
+                    append_s[i].append(time.perf_counter() - start)
                     after = counted()
                     if before is not None and after is not None:
                         written[i] += after - before
@@ -177,7 +179,8 @@ def measure(store_name: str, sizes: tuple[int, ...], *, delta: int, puts: int) -
         Measurement(
             store_name,
             size,
-            append_s[i] / puts * 1e6,
+            statistics.fmean(append_s[i]) * 1e6,
+            statistics.median(append_s[i]) * 1e6,
             written[i] / puts if measurable else None,
             rewrite_s[i] / rewrites * 1e6,
         )
@@ -200,10 +203,10 @@ def main(
     if stores is None:
         stores = tuple(name for name in STORES if name != "redis" or _Redis.url is not None)
     pairs = []
-    print(f"append {delta} chars per put, {puts} puts; mean per put")
+    print(f"append {delta} chars per put, {puts} puts per case; times per put")
     print(
-        f"{'store':<10} {'partial':>8} {'append us':>10} {'bytes/put':>10} "
-        f"{'rewrite us':>11} {'append ratio':>13}"
+        f"{'store':<10} {'partial':>8} {'append us':>10} {'median us':>10} {'bytes/put':>10} "
+        f"{'rewrite us':>11} {'ratio (mean)':>13} {'ratio (median)':>15}"
     )
     for name in stores:
         base, large = measure(name, (small, size), delta=delta, puts=puts)
@@ -211,9 +214,13 @@ def main(
         for row in (base, large):
             written = "-" if row.append_bytes is None else f"{row.append_bytes:,.0f}"
             ratio = f"{large.append_us / base.append_us:.2f}x" if row is large else ""
+            median_ratio = (
+                f"{large.append_median_us / base.append_median_us:.2f}x" if row is large else ""
+            )
             print(
                 f"{row.store:<10} {row.partial_chars:>8,} {row.append_us:>10.1f} "
-                f"{written:>10} {row.rewrite_us:>11.1f} {ratio:>13}"
+                f"{row.append_median_us:>10.1f} "
+                f"{written:>10} {row.rewrite_us:>11.1f} {ratio:>13} {median_ratio:>15}"
             )
     return pairs
 
