@@ -467,6 +467,26 @@ def test_one_store_serves_several_event_loops(redis_server: RedisServer) -> None
     assert second.partial_text == "one two"
 
 
+async def test_async_with_closes_the_event_loops_connections(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    name = unique_prefix()
+
+    def connections() -> int:
+        return sum(client["name"] == name for client in raw.client_list())
+
+    async with RedisStreamCheckpointStore.from_url(
+        redis_server.url, prefix=name, client_name=name
+    ) as store:
+        await store.aput(checkpoint("run-1", "text"))
+        assert connections() == 1
+    for _ in range(500):  # the server notices a closed socket on its next loop turn
+        if connections() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert connections() == 0
+
+
 def test_importing_the_package_does_not_need_redis_and_the_store_names_the_extra() -> None:
     code = (
         "import sys\n"

@@ -177,8 +177,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     async methods get one ``redis.asyncio`` client per event loop) or ready
     clients (borrowed: the store never closes them). With only a sync
     ``client``, the async methods run it in a worker thread. Async code should
-    ``await store.aclose()`` before its event loop ends, as with any
-    ``redis.asyncio`` client, so that loop's connections are closed cleanly.
+    use ``async with`` (or ``await store.aclose()``) before its event loop ends,
+    as with any ``redis.asyncio`` client, so that loop's connections are closed.
 
     Example:
         ```python
@@ -541,6 +541,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             reply = await bound.delete(keys=self._keys(run_id), args=self._delete_args(epoch, None))
             self._delete_result(run_id, epoch, reply)
         return None
+
+    async def __aenter__(self) -> RedisStreamCheckpointStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the clients the store created, including this event loop's async one."""
