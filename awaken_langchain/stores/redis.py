@@ -3,10 +3,10 @@
 Each run is kept under three keys sharing one hash tag, so that they live in one
 cluster slot and one Lua script can touch them all::
 
-    {prefix}:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
+    <prefix>:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
                                 and "write_id" (the write that produced it)
-    {prefix}:{<run_id>}:text    string: the partial text as UTF-8, appended in place
-    {prefix}:{<run_id>}:epoch   integer: the fencing counter; never expires
+    <prefix>:{<run_id>}:text    string: the partial text as UTF-8, appended in place
+    <prefix>:{<run_id>}:epoch   integer: the fencing counter; never expires
 
 Every write is one Lua script that compares the writer's epoch with the counter
 and only then touches the head and text, so a stale writer on another host is
@@ -189,7 +189,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         url: A ``redis://``, ``rediss://`` (TLS) or ``unix://`` URL.
         client: A ``redis.Redis`` to use instead of a URL (borrowed).
         async_client: A ``redis.asyncio.Redis`` for the async methods (borrowed).
-        prefix: Namespace of every key the store writes (``{prefix}:{<run_id>}:...``).
+        prefix: Namespace of every key the store writes: ``<prefix>:{<run_id>}:...``
+            (the braces are literal, a Redis hash tag).
         ttl: Seconds after its last write when a checkpoint expires (also set as
             the keys' Redis expiry), or ``None`` to keep checkpoints until deleted.
         max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
