@@ -132,6 +132,19 @@ class StreamCheckpoint(BaseModel):
         return check_run_id(value)
 
 
+def model_identifier(llm_type: str, model_name: object = None) -> str:
+    """The ``model`` a checkpoint records: ``"<llm type>:<model name>"``.
+
+    A checkpoint made for another model is not resumed, so writers (the wrapper,
+    the callback handler) must name the same model the same way.
+
+    Args:
+        llm_type: The chat model's ``_llm_type`` (e.g. ``"openai-chat"``).
+        model_name: The model name LangChain reports as ``ls_model_name``, if any.
+    """
+    return f"{llm_type}:{model_name}" if model_name else llm_type
+
+
 def check_run_id(run_id: object) -> str:
     """Validate a run id and return it.
 

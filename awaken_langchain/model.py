@@ -44,7 +44,11 @@ from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import override
 
 from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator
-from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.checkpoint import (
+    StreamCheckpoint,
+    StreamCheckpointStore,
+    model_identifier,
+)
 from awaken_langchain.errors import (
     StreamCheckpointError,
     StreamCheckpointFencedError,
@@ -591,8 +595,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _model_id(self) -> str:
         params = self.model._get_ls_params()
-        name = params.get("ls_model_name") or ""
-        return f"{self.model._llm_type}:{name}" if name else self.model._llm_type
+        return model_identifier(self.model._llm_type, params.get("ls_model_name"))
 
     # -- public entry points: capture the run id and config ------------------------------
 
