@@ -130,7 +130,6 @@ class _Capture:
                 run.acc.feed(first)
             elif isinstance(first, ChatGeneration):
                 run.acc.feed(ChatGenerationChunk(message=_as_chunk(first.message)))
-        run.acc.end_of_text()
         has_output = bool(run.acc.text or run.acc.completed or run.acc.in_flight)
         return run.active and (has_output or run.written)
 

@@ -111,7 +111,8 @@ def commit_turn(
     turn twice (a crash after the commit, before the checkpoint was deleted)
     adds nothing the second time. Messages without an id get one derived from
     the turn's assistant message id, which is stable across a resumed turn.
-    Chunks are stored as complete messages.
+    Chunks are stored as complete messages. The history's messages are read
+    once to find the ids it already holds.
 
     Args:
         history: The chat message history to commit to.
