@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from langchain.agents import create_agent
@@ -343,3 +344,37 @@ def test_chat_openai_stream_cut_by_the_network_is_checkpointed_and_finished(
     answer = replacement.invoke("tides?", config={"run_id": run_id})
     assert answer.content == received + " because of the moon."
     assert len(server.requests_for("openai")) == 2
+
+
+def test_chat_anthropic_stream_cut_mid_tool_call_is_checkpointed_with_its_text(
+    loopback_provider: LoopbackProvider, store: DiskCacheStreamCheckpointStore
+) -> None:
+    from langchain_anthropic import ChatAnthropic
+
+    from awaken_langchain.testing import ScriptedToolCall
+
+    server = loopback_provider
+    server.enqueue(
+        Scenario(
+            text="Checking the weather first.",
+            tool_calls=[ScriptedToolCall("lookup", {"q": "weather in Lisbon"}, id="toolu_1")],
+            fault=Fault.drop_after_events(12),
+        )
+    )
+    model = ChatAnthropic(
+        model="claude-sonnet-4-6",
+        base_url=server.base_url_anthropic,
+        api_key="x",
+        max_retries=0,
+    ).bind_tools([lookup])
+    handler = handler_for(store, checkpoint_every_chunks=100)
+    run_id = uuid.uuid4()
+    with pytest.raises(httpx2.RemoteProtocolError):  # Anthropic's SDK leaves it unwrapped
+        drain(model.stream("weather?", config={"callbacks": [handler], "run_id": run_id}))
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert saved.partial_text == "Checking the weather first."
+    assert saved.completed_tool_calls == ()
+    assert saved.in_flight_tool_call is not None
+    assert saved.in_flight_tool_call.name == "lookup"
+    assert saved.in_flight_tool_call.partial_args  # cut off: kept raw, never as a valid call
