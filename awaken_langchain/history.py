@@ -20,6 +20,13 @@ replacement's model call (same key) returns the finished answer without asking
 the provider. A crash between 2 and 3 leaves a checkpoint whose message is
 already in memory: committing the same turn again adds nothing (messages are
 matched by id), and the next model call of the thread releases it.
+
+LangGraph's default ``durability="async"`` writes a step's checkpoint while the
+next step runs, so the release by the next model call may, in a crash, come
+before the previous step was durably saved; the re-run then asks the provider
+again (memory still holds no partial or duplicated turn). Run the
+graph with ``durability="sync"`` (an ``invoke``/``stream`` argument) when a
+crash must never cost a request.
 """
 
 from __future__ import annotations
