@@ -133,8 +133,9 @@ def commit_turn(
         The messages that were added.
 
     Raises:
-        ValueError: If the turn does not end with an assistant message, or an
-            assistant tool call has no answering ``ToolMessage`` in the turn.
+        ValueError: If the turn does not end with an assistant message, holds
+            the partial output of an interrupted turn, or an assistant tool call
+            has no answering ``ToolMessage`` in the turn.
     """
     turn = prepare_turn(messages)
     existing = {m.id for m in history.messages if m.id}
@@ -171,7 +172,8 @@ def prepare_turn(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
 
     Raises:
         ValueError: If the turn is empty, does not end with an assistant
-            message, or leaves an assistant tool call unanswered.
+            message, holds the partial output of an interrupted turn, or leaves
+            an assistant tool call unanswered.
     """
     turn: list[BaseMessage] = [
         message_chunk_to_message(m) if isinstance(m, BaseMessageChunk) else m for m in messages
@@ -181,6 +183,14 @@ def prepare_turn(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
             "a turn to commit must end with the assistant's message; pass the turn's "
             "messages in order, e.g. [human_message, ai_message]"
         )
+    for message in turn:
+        awaken = message.response_metadata.get("awaken")
+        if isinstance(awaken, dict) and awaken.get("interrupted"):
+            raise ValueError(
+                f"assistant message {message.id!r} is the partial output of a turn that "
+                "could not be completed (StreamInterruptedError.partial); only complete "
+                "turns are committed: retry the turn, or resume it from its checkpoint"
+            )
     answered = {m.tool_call_id for m in turn if isinstance(m, ToolMessage)}
     for message in turn:
         if isinstance(message, AIMessage):

@@ -173,6 +173,22 @@ def test_a_turn_that_could_not_be_completed_leaves_the_history_unchanged(
     assert contents(history.messages) == [("human", "earlier"), ("ai", "reply")]
 
 
+def test_the_partial_output_of_an_interrupted_turn_is_refused(
+    tmp_path: Path, store: DiskCacheStreamCheckpointStore
+) -> None:
+    history = SQLiteHistory(tmp_path / "chat.sqlite", "s1")
+    wrapper, _ = model(store, [*text("Half an ans"), reset()], retry_policy=GIVE_UP)
+    human = HumanMessage("question")
+    with pytest.raises(StreamInterruptedError) as interrupted:
+        wrapper.invoke([human])
+    partial = interrupted.value.partial
+    assert partial is not None
+    assert partial.content == "Half an ans"
+    with pytest.raises(ValueError, match="could not be completed"):
+        commit_turn(history, [human, partial], store=store)
+    assert history.messages == []
+
+
 def test_a_turn_finished_before_a_crash_is_committed_without_a_new_request(
     tmp_path: Path, store: DiskCacheStreamCheckpointStore
 ) -> None:
