@@ -271,6 +271,9 @@ class StreamCheckpointHandler(BaseCallbackHandler):
 class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
     """Async twin of `StreamCheckpointHandler`: awaits the store's async methods.
 
+    For sync calls use `StreamCheckpointHandler`: LangChain runs an async
+    handler's events in a separate event loop there, one per event.
+
     Args:
         store: Where the in-flight turns are written, keyed by the run id.
         checkpoint_every_chunks: Write after at most this many chunks of output.

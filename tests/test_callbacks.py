@@ -92,6 +92,36 @@ def test_no_more_than_the_configured_chunks_are_at_risk_while_streaming(
     assert seen + rest == "y" * 40
 
 
+class SteppedClock:
+    """A clock that advances a fixed step each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_slow_output_is_written_after_checkpoint_every_seconds(
+    store: DiskCacheStreamCheckpointStore,
+) -> None:
+    model = ScriptedChatModel(scripts=[[*text("slow words here", size=5), finish()]])
+    handler = StreamCheckpointHandler(
+        store, checkpoint_every_chunks=1000, checkpoint_every_seconds=1.0, clock=SteppedClock(0.6)
+    )
+    run_id = uuid.uuid4()
+    stream = model.stream("q", config={"callbacks": [handler], "run_id": run_id})
+    first = str(next(stream).content)
+    assert store.get(str(run_id)) is None  # 0.6 s of output: not yet due
+    second = str(next(stream).content)
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert saved.partial_text == first + second  # 1.2 s: written although only 2 chunks
+    drain(stream)
+
+
 def test_a_completed_turn_leaves_no_checkpoint(store: DiskCacheStreamCheckpointStore) -> None:
     model = ScriptedChatModel(scripts=[[*text("z" * 30, size=1), finish()]])
     handler = handler_for(store, checkpoint_every_chunks=4)
