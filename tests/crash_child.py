@@ -14,8 +14,9 @@ for an exact point before it sends SIGKILL:
   ``awaken_langchain`` package the child imported;
 - ``{"event": "claim", "run_id", "epoch"}`` after the store granted a claim;
 - ``{"event": "get", "run_id", "found"}`` after the store was read;
-- ``{"event": "put", "run_id", "text", "completed", "in_flight", "epoch"}``
-  after a checkpoint write returned (the data is durable at that point);
+- ``{"event": "put", "run_id", "text", "completed", "in_flight", "message_id",
+  "complete", "epoch"}`` after a checkpoint write returned (the data is durable
+  at that point);
 - ``{"event": "delete", "run_id", "epoch"}`` after a checkpoint was deleted;
 - ``{"event": "token", "text"}`` for every streamed message chunk;
 - ``{"event": "blocked", "point"}`` when the child stopped at a test-only block
@@ -26,11 +27,17 @@ The store hooks are a subclass of the real store class that calls the real
 method first and reports afterwards; the block points are a callback handler.
 Both live here, in the test harness, not in the library:
 
-- ``llm_end``: block in ``on_llm_end``, after the model turn completed and
-  before the agent node returned, that is before LangGraph wrote the turn to
-  the SqliteSaver (the memory commit);
+- ``llm_end``: block in ``on_llm_end``, after the model turn completed (its
+  checkpoint rewritten as complete) and before the agent node returned, that
+  is before LangGraph wrote the turn to the SqliteSaver (the memory commit);
+- ``after_run``: block after the graph run returned (LangGraph has committed
+  the turn) and before ``release_committed`` deletes the turn's checkpoint;
 - ``token:N``: block in ``on_llm_new_token`` on the N-th non-empty token,
   before the wrapper writes the checkpoint that includes it.
+
+After each run the child calls ``awaken_langchain.history.release_committed``
+with the thread's messages, as the library documents for the last turn of a
+graph run, so a finished conversation leaves no checkpoint behind.
 
 Checkpoint key: the child passes no run id. Inside a LangGraph node the wrapper
 derives the key from the thread and the task (``<thread_id>:model:<task id>``).
@@ -38,7 +45,14 @@ LangGraph's task id is a hash of the last saved graph checkpoint and the node,
 so a replacement process that resumes the thread the usual way,
 ``agent.stream(None, {"configurable": {"thread_id": ...}})``, runs the same task
 under the same key and finds the checkpoint. This is what users do after a
-crash, and it needs no extra bookkeeping.
+crash, and it needs no extra bookkeeping. The child runs the graph with
+``durability="sync"``: LangGraph then saves each step's checkpoint before the
+next step starts, so the checkpoint the model task was planned from is on disk
+before the model is called. With the default ``"async"`` durability a crash
+right after the model call began can lose that graph checkpoint; the
+replacement would then re-plan the turn under a new task id and not find the
+stream checkpoint. Users who want a turn to survive a crash should run the
+graph with ``durability="sync"``.
 
 Standard output and error of the child go to ``<output_dir>/<name>.out`` and
 ``.err``; the ``awaken_langchain`` logger writes to standard error.
@@ -71,6 +85,7 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamCheckpointStore,
 )
+from awaken_langchain.history import release_committed
 
 StoreKind = Literal["diskcache", "file"]
 
@@ -165,6 +180,7 @@ def describe_checkpoint(checkpoint: Any) -> dict[str, Any]:
         "completed": [call.name for call in checkpoint.completed_tool_calls],
         "in_flight": None if in_flight is None else in_flight.partial_args,
         "message_id": checkpoint.message_id,
+        "complete": checkpoint.complete,
         "epoch": checkpoint.epoch,
     }
 
@@ -181,10 +197,15 @@ def run(spec: ChildSpec, conn: Connection) -> None:
 
     channel = Channel(conn)
     channel.report("started", library=str(Path(awaken_langchain.__file__).resolve()))
-    agent, config = build_agent(spec, channel)
+    agent, config, store = build_agent(spec, channel)
     payload = None if spec.prompt is None else {"messages": [("user", spec.prompt)]}
-    for message, _metadata in agent.stream(payload, config, stream_mode="messages"):
+    stream = agent.stream(payload, config, stream_mode="messages", durability="sync")
+    for message, _metadata in stream:
         channel.report("token", text=message.text)
+    # LangGraph has committed the run's messages to the SqliteSaver by now.
+    if spec.block == "after_run":
+        channel.block("after_run")
+    release_committed(agent.get_state(config).values.get("messages", []), store)
     channel.report("done")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -208,7 +229,9 @@ class Channel:
             raise RuntimeError(f"unexpected message from the test: {message!r}")
 
 
-def build_agent(spec: ChildSpec, channel: Channel) -> tuple[Any, dict[str, Any]]:
+def build_agent(
+    spec: ChildSpec, channel: Channel
+) -> tuple[Any, dict[str, Any], StreamCheckpointStore]:
     """The agent a user would build: ChatOpenAI wrapped, a tool, a SqliteSaver."""
     tool_log = spec.tool_log
 
@@ -242,10 +265,9 @@ def build_agent(spec: ChildSpec, channel: Channel) -> tuple[Any, dict[str, Any]]
                 channel.block("llm_end")
 
     inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
+    store = _reporting_store(spec.store_kind, spec.store_dir, channel.report)
     model = RecoveringChatModel(
-        model=inner,
-        store=_reporting_store(spec.store_kind, spec.store_dir, channel.report),
-        checkpoint_every_chunks=spec.checkpoint_every_chunks,
+        model=inner, store=store, checkpoint_every_chunks=spec.checkpoint_every_chunks
     )
     saver = SqliteSaver(sqlite3.connect(spec.db_path, check_same_thread=False))
     agent = create_agent(model, tools=[lookup], checkpointer=saver)
@@ -253,7 +275,7 @@ def build_agent(spec: ChildSpec, channel: Channel) -> tuple[Any, dict[str, Any]]
         "configurable": {"thread_id": spec.thread_id},
         "callbacks": [BlockPoints(spec.block)],
     }
-    return agent, config
+    return agent, config, store
 
 
 def _redirect_output(spec: ChildSpec) -> None:
