@@ -4,7 +4,8 @@ A child runs ``langchain.agents.create_agent`` over
 ``RecoveringChatModel(ChatOpenAI(...))`` pointed at the test's loopback
 provider, with a real ``SqliteSaver`` on a SQLite file as the agent's memory
 and a real checkpoint store (diskcache or file) in a directory. It streams one
-turn (``stream_mode="messages"``) and exits 0 when the graph has finished.
+turn (``stream_mode="messages"``; ``astream`` over an ``AsyncSqliteSaver`` for
+the async path) and exits 0 when the graph has finished.
 
 Nothing in the library knows about these processes. The child reports what it
 does on a pipe to the test process, one dict per event, so the test can wait
@@ -60,6 +61,7 @@ Standard output and error of the child go to ``<output_dir>/<name>.out`` and
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -75,7 +77,9 @@ from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 import awaken_langchain
 from awaken_langchain import (
@@ -85,7 +89,7 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamCheckpointStore,
 )
-from awaken_langchain.history import release_committed
+from awaken_langchain.history import arelease_committed, release_committed
 
 StoreKind = Literal["diskcache", "file"]
 
@@ -109,6 +113,8 @@ class ChildSpec:
             (``agent.stream(None, config)``), as a replacement process does.
         block: A test-only block point (``"llm_end"``, ``"token:N"``) or ``None``.
         checkpoint_every_chunks: The wrapper's checkpoint cadence.
+        use_async: Run the graph with ``astream`` over an ``AsyncSqliteSaver``
+            (the wrapper's async path) instead of ``stream`` over a ``SqliteSaver``.
     """
 
     name: str
@@ -122,6 +128,7 @@ class ChildSpec:
     prompt: str | None = None
     block: str | None = None
     checkpoint_every_chunks: int = 1
+    use_async: bool = False
 
     @property
     def stdout_path(self) -> Path:
@@ -197,18 +204,35 @@ def run(spec: ChildSpec, conn: Connection) -> None:
 
     channel = Channel(conn)
     channel.report("started", library=str(Path(awaken_langchain.__file__).resolve()))
-    agent, config, store = build_agent(spec, channel)
     payload = None if spec.prompt is None else {"messages": [("user", spec.prompt)]}
-    stream = agent.stream(payload, config, stream_mode="messages", durability="sync")
-    for message, _metadata in stream:
-        channel.report("token", text=message.text)
-    # LangGraph has committed the run's messages to the SqliteSaver by now.
-    if spec.block == "after_run":
-        channel.block("after_run")
-    release_committed(agent.get_state(config).values.get("messages", []), store)
+    if spec.use_async:
+        asyncio.run(_arun(spec, channel, payload))
+    else:
+        saver = SqliteSaver(sqlite3.connect(spec.db_path, check_same_thread=False))
+        agent, config, store = build_agent(spec, channel, saver)
+        stream = agent.stream(payload, config, stream_mode="messages", durability="sync")
+        for message, _metadata in stream:
+            channel.report("token", text=message.text)
+        # LangGraph has committed the run's messages to the SqliteSaver by now.
+        if spec.block == "after_run":
+            channel.block("after_run")
+        release_committed(agent.get_state(config).values.get("messages", []), store)
     channel.report("done")
     sys.stdout.flush()
     sys.stderr.flush()
+
+
+async def _arun(spec: ChildSpec, channel: Channel, payload: Any) -> None:
+    """The async twin of the run: ``astream`` over an ``AsyncSqliteSaver``."""
+    async with AsyncSqliteSaver.from_conn_string(spec.db_path) as saver:
+        agent, config, store = build_agent(spec, channel, saver)
+        stream = agent.astream(payload, config, stream_mode="messages", durability="sync")
+        async for message, _metadata in stream:
+            channel.report("token", text=message.text)
+        if spec.block == "after_run":
+            channel.block("after_run")
+        state = await agent.aget_state(config)
+        await arelease_committed(state.values.get("messages", []), store)
 
 
 class Channel:
@@ -230,7 +254,7 @@ class Channel:
 
 
 def build_agent(
-    spec: ChildSpec, channel: Channel
+    spec: ChildSpec, channel: Channel, saver: BaseCheckpointSaver[Any]
 ) -> tuple[Any, dict[str, Any], StreamCheckpointStore]:
     """The agent a user would build: ChatOpenAI wrapped, a tool, a SqliteSaver."""
     tool_log = spec.tool_log
@@ -269,7 +293,6 @@ def build_agent(
     model = RecoveringChatModel(
         model=inner, store=store, checkpoint_every_chunks=spec.checkpoint_every_chunks
     )
-    saver = SqliteSaver(sqlite3.connect(spec.db_path, check_same_thread=False))
     agent = create_agent(model, tools=[lookup], checkpointer=saver)
     config = {
         "configurable": {"thread_id": spec.thread_id},
@@ -284,3 +307,17 @@ def _redirect_output(spec: ChildSpec) -> None:
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(target, fd)
         os.close(target)
+
+
+def _warm_up() -> None:
+    """Build a throwaway model and agent, so lazy imports happen before any fork.
+
+    The fork server imports this module once; the SDK client and LangGraph
+    import more modules on first use, and doing that here spares every child
+    the cost. No connection is made.
+    """
+    inner = ChatOpenAI(model=MODEL_NAME, base_url="http://127.0.0.1:9/v1", api_key="x")
+    create_agent(RecoveringChatModel(model=inner), tools=[])
+
+
+_warm_up()

@@ -201,7 +201,14 @@ class World:
     root: Path
     children: list[Child]
 
-    def spec(self, name: str, *, prompt: str | None = None, block: str | None = None) -> ChildSpec:
+    def spec(
+        self,
+        name: str,
+        *,
+        prompt: str | None = None,
+        block: str | None = None,
+        use_async: bool = False,
+    ) -> ChildSpec:
         return ChildSpec(
             name=name,
             base_url=self.server.base_url_openai,
@@ -213,6 +220,7 @@ class World:
             output_dir=str(self.root / "output"),
             prompt=prompt,
             block=block,
+            use_async=use_async,
         )
 
     def script(self, *scenarios: Scenario) -> Script:
@@ -351,7 +359,10 @@ def test_killed_mid_text_the_replacement_continues_from_the_saved_prefix(world: 
     assert world.checkpoints() == []
 
 
-def test_killed_mid_tool_arguments_the_cut_off_call_never_runs(world: World) -> None:
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_killed_mid_tool_arguments_the_cut_off_call_never_runs(
+    world: World, use_async: bool
+) -> None:
     call = ScriptedToolCall("lookup", ['{"city": ', '"Par', 'is"}'])
     world.script(
         # role, "Let ", "me c", "heck", ".", the call's head, '{"city": ', '"Par' | stall
@@ -359,12 +370,12 @@ def test_killed_mid_tool_arguments_the_cut_off_call_never_runs(world: World) -> 
         Scenario(tool_calls=[ScriptedToolCall("lookup", {"city": "Paris"})]),
         Scenario(text="It is sunny in Paris."),
     )
-    first = world.start("first", prompt=PROMPT)
+    first = world.start("first", prompt=PROMPT, use_async=use_async)
     saved = first.wait_event("put", text="Let me check.", in_flight='{"city": "Par')
     first.kill()
     assert world.tool_calls() == []
 
-    world.start("replacement").finish()
+    world.start("replacement", use_async=use_async).finish()
 
     requests = world.requests()
     assert requests[:2] == [FRESH, continuation("Let me check.")]
@@ -417,6 +428,68 @@ def test_killed_after_the_commit_before_the_checkpoint_was_released(world: World
 
     assert world.requests() == [FRESH]
     assert_memory_holds_one_complete_turn(world, AIMessage(ANSWER))
+    assert world.checkpoints() == []
+
+
+def test_killed_after_a_tool_call_turn_completed_the_tool_runs_once(world: World) -> None:
+    world.script(
+        Scenario(text="Let me check.", tool_calls=[ScriptedToolCall("lookup", {"city": "Paris"})]),
+        Scenario(text="It is sunny in Paris."),
+    )
+    first = world.start("first", prompt=PROMPT, block="llm_end")
+    first.wait_event("blocked", point="llm_end")
+    first.kill()
+    [kept] = world.checkpoints()
+    assert kept.complete
+    assert [c.args for c in kept.completed_tool_calls] == [{"city": "Paris"}]
+    assert world.tool_calls() == []
+
+    world.start("replacement").finish()
+
+    requests = world.requests()
+    assert len(requests) == 2  # the first turn was not asked for again
+    assert requests[1][:2] == [("user", PROMPT), ("assistant", "Let me check.")]
+    assert world.tool_calls() == [{"name": "lookup", "args": {"city": "Paris"}}]
+    called = {"name": "lookup", "args": {"city": "Paris"}, "id": "x", "type": "tool_call"}
+    assert_memory_holds_one_complete_turn(
+        world,
+        AIMessage("Let me check.", tool_calls=[called]),
+        ToolMessage("Sunny in Paris.", tool_call_id="x"),
+        AIMessage("It is sunny in Paris."),
+    )
+    memory = world.memory()
+    assert memory[1].id == kept.message_id
+    assert isinstance(memory[2], ToolMessage)
+    assert memory[2].tool_call_id == kept.completed_tool_calls[0].id
+    assert world.checkpoints() == []
+
+
+def test_a_checkpoint_left_after_the_commit_is_released_by_the_threads_next_model_call(
+    world: World,
+) -> None:
+    world.script(Scenario(text=ANSWER), Scenario(text="Mild tomorrow."))
+    first = world.start("first", prompt=PROMPT, block="after_run")
+    first.wait_event("blocked", point="after_run")
+    first.kill()
+    [kept] = world.checkpoints()
+    assert kept.complete
+
+    follow_up = "And tomorrow?"
+    next_turn = world.start("next-turn", prompt=follow_up)
+    next_turn.finish()
+
+    deleted = [e for e in next_turn.events if e["event"] in ("delete", "claim")]
+    assert deleted[0] == {"event": "delete", "run_id": kept.run_id, "epoch": None}
+    assert deleted[1]["event"] == "claim"
+    assert deleted[1]["run_id"] != kept.run_id
+    assert world.requests() == [FRESH, [*FRESH, ("assistant", ANSWER), ("user", follow_up)]]
+    memory = world.memory()
+    assert [(type(m), m.content) for m in memory] == [
+        (HumanMessage, PROMPT),
+        (AIMessage, ANSWER),
+        (HumanMessage, follow_up),
+        (AIMessage, "Mild tomorrow."),
+    ]
     assert world.checkpoints() == []
 
 
