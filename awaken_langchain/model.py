@@ -43,7 +43,7 @@ from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import override
 
-from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator
+from awaken_langchain.accumulator import INVALID_ARGS_MARKER, CheckpointCadence, TurnAccumulator
 from awaken_langchain.checkpoint import (
     StreamCheckpoint,
     StreamCheckpointStore,
@@ -60,6 +60,7 @@ from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import (
     DEFAULT_CONTINUATION_PROMPT,
     Plan,
+    answer_invalid_tool_calls,
     choose_plan,
     continuation_messages,
     estimate_tokens,
@@ -124,7 +125,7 @@ class _Turn:
         self.wrapper = wrapper
         self.policy = wrapper.retry_policy
         self.ctx = ctx
-        self.messages = messages
+        self.messages = answer_invalid_tool_calls(messages, interrupted_marker=INVALID_ARGS_MARKER)
         self.stop = stop
         self.kwargs = kwargs
         self.acc = TurnAccumulator(f"lc_run--{ctx.run_id}")

@@ -57,6 +57,19 @@ def store(tmp_path: Path) -> Iterator[DiskCacheStreamCheckpointStore]:
         yield opened
 
 
+def drain(stream: Iterator[Any], into: list[str] | None = None) -> None:
+    """Consume a stream, keeping each chunk's text as it arrives."""
+    for chunk in stream:
+        if into is not None:
+            into.append(str(chunk.content))
+
+
+async def adrain(stream: Any) -> None:
+    """Consume an async stream, yielding to other tasks between chunks."""
+    async for _ in stream:
+        await asyncio.sleep(0)
+
+
 def handler_for(store: Any, **settings: Any) -> StreamCheckpointHandler:
     settings.setdefault("clock", Ticks())
     return StreamCheckpointHandler(store, **settings)
@@ -200,10 +213,7 @@ async def test_concurrent_async_runs_are_kept_apart_and_in_order(
     async def one(n: int) -> None:
         model = ScriptedChatModel(scripts=[[*text(f"<{n}>" + "abc" * 10, size=1), reset()]])
         with pytest.raises(ConnectionResetError):
-            async for _ in model.astream(
-                "q", config={"callbacks": [handler], "run_id": run_ids[n]}
-            ):
-                await asyncio.sleep(0)
+            await adrain(model.astream("q", config={"callbacks": [handler], "run_id": run_ids[n]}))
 
     await asyncio.gather(*(one(n) for n in range(6)))
     for n, run_id in enumerate(run_ids):
@@ -319,10 +329,10 @@ def test_chat_openai_stream_cut_by_the_network_is_checkpointed_and_finished(
     )
     handler = handler_for(store, checkpoint_every_chunks=100)
     run_id = uuid.uuid4()
-    received = ""
+    pieces: list[str] = []
     with pytest.raises(openai.APIConnectionError):
-        for chunk in model.stream("tides?", config={"callbacks": [handler], "run_id": run_id}):
-            received += str(chunk.content)
+        drain(model.stream("tides?", config={"callbacks": [handler], "run_id": run_id}), pieces)
+    received = "".join(pieces)
     saved = store.get(str(run_id))
     assert saved is not None
     assert saved.partial_text == received

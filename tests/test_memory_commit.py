@@ -10,6 +10,7 @@ and how many requests reached the provider.
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import uuid
 import warnings
@@ -465,3 +466,75 @@ def test_stream_replays_a_complete_checkpoint_as_the_finished_message(
     assert "".join(str(c.content) for c in chunks) == "Whole reply."
     assert chunks[-1].response_metadata["awaken"]["resumed"] is True
     assert len(inner.calls) == 0
+
+
+async def test_async_graph_turn_finished_before_a_crash_is_committed_once_and_released(
+    tmp_path: Path, store: DiskCacheStreamCheckpointStore
+) -> None:
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    db = str(tmp_path / "graph.sqlite")
+
+    def graph(wrapper: RecoveringChatModel, *, crash_after_model: bool = False) -> Any:
+        async def call_model(state: MessagesState) -> dict[str, Any]:
+            answer = await wrapper.ainvoke(state["messages"])
+            if crash_after_model:
+                raise Crash("killed after the model answered")
+            return {"messages": [answer]}
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("model", call_model)
+        builder.add_edge(START, "model")
+        builder.add_edge("model", END)
+        return builder
+
+    first, _ = model(store, [*text("Async complete."), finish()])
+    async with AsyncSqliteSaver.from_conn_string(db) as saver:
+        with pytest.raises(Crash):
+            await (
+                graph(first, crash_after_model=True)
+                .compile(checkpointer=saver)
+                .ainvoke({"messages": [HumanMessage("question")]}, THREAD)
+            )
+
+    second, inner = model(store, [*text("Next answer."), finish()])
+    async with AsyncSqliteSaver.from_conn_string(db) as saver:
+        app = graph(second).compile(checkpointer=saver)
+        await app.ainvoke(None, THREAD)
+        assert len(inner.calls) == 0  # the finished turn came from its checkpoint
+        await app.ainvoke({"messages": [HumanMessage("again")]}, THREAD)
+        saved = (await app.aget_state(THREAD)).values["messages"]
+    assert contents(saved) == [
+        ("human", "question"),
+        ("ai", "Async complete."),
+        ("human", "again"),
+        ("ai", "Next answer."),
+    ]
+    assert len(inner.calls) == 1
+    assert [c.partial_text for c in store.list_checkpoints()] == ["Next answer."]
+
+
+def test_a_failed_release_by_the_next_model_call_warns_and_the_turn_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    class FailingRelease(InMemoryStreamCheckpointStore):
+        def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+            if epoch is None:  # the release of a committed turn
+                raise StreamCheckpointError("delete refused", run_id=run_id)
+            super().delete(run_id, epoch=epoch)
+
+    store = FailingRelease()
+    db = tmp_path / "graph.sqlite"
+    wrapper, _ = model(store, [*text("One."), finish()], [*text("Two."), finish()])
+    app, connection = chat_graph(wrapper, db)
+    app.invoke({"messages": [HumanMessage("first")]}, THREAD)
+    with caplog.at_level(logging.WARNING, logger="awaken_langchain"):
+        app.invoke({"messages": [HumanMessage("second")]}, THREAD)
+    connection.close()
+    assert "delete refused" in caplog.text
+    assert contents(memory(db)) == [
+        ("human", "first"),
+        ("ai", "One."),
+        ("human", "second"),
+        ("ai", "Two."),
+    ]
