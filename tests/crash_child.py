@@ -34,7 +34,9 @@ Both live here, in the test harness, not in the library:
 - ``after_run``: block after the graph run returned (LangGraph has committed
   the turn) and before ``release_committed`` deletes the turn's checkpoint;
 - ``token:N``: block in ``on_llm_new_token`` on the N-th non-empty token,
-  before the wrapper writes the checkpoint that includes it.
+  before the wrapper writes the checkpoint that includes it;
+- ``complete_put``: block in the store's ``put`` when the wrapper is about to
+  write the finished turn's complete checkpoint.
 
 After each run the child calls ``awaken_langchain.history.release_committed``
 with the thread's messages, as the library documents for the last turn of a
@@ -152,8 +154,11 @@ def make_store(kind: StoreKind, directory: str) -> StreamCheckpointStore:
     return STORE_CLASSES[kind](directory)
 
 
-def _reporting_store(kind: StoreKind, directory: str, report: Any) -> StreamCheckpointStore:
+def _reporting_store(
+    kind: StoreKind, directory: str, channel: Channel, block: str | None
+) -> StreamCheckpointStore:
     """The real store, reporting each operation after it returned."""
+    report = channel.report
     base: Any = STORE_CLASSES[kind]
 
     class ReportingStore(base):  # type: ignore[misc]
@@ -168,6 +173,8 @@ def _reporting_store(kind: StoreKind, directory: str, report: Any) -> StreamChec
             return found  # type: ignore[no-any-return]
 
         def put(self, checkpoint: StreamCheckpoint) -> None:
+            if checkpoint.complete and block == "complete_put":
+                channel.block("complete_put")
             super().put(checkpoint)
             report("put", **describe_checkpoint(checkpoint))
 
@@ -289,7 +296,7 @@ def build_agent(
                 channel.block("llm_end")
 
     inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
-    store = _reporting_store(spec.store_kind, spec.store_dir, channel.report)
+    store = _reporting_store(spec.store_kind, spec.store_dir, channel, spec.block)
     model = RecoveringChatModel(
         model=inner, store=store, checkpoint_every_chunks=spec.checkpoint_every_chunks
     )

@@ -525,3 +525,30 @@ def test_a_process_fenced_out_by_a_newer_owner_stops_writing_the_run(world: Worl
     assert stored.epoch == 2
     assert stored.partial_text == "The weather in Paris"
     assert stored.message_id == newest["message_id"]
+
+
+def test_a_process_fenced_at_its_closing_write_never_releases_the_new_owners_checkpoint(
+    world: World,
+) -> None:
+    world.script(
+        Scenario(text=ANSWER),  # the old owner's whole answer
+        # the new owner continues after the old owner's last in-flight checkpoint
+        Scenario(text=" More soon.", fault=Fault.stall(STALL, after_events=2)),
+    )
+    old = world.start("old-owner", prompt=PROMPT, block="complete_put")
+    old.wait_event("blocked", point="complete_put")  # finished; about to write it complete
+    key = _key_of(old)
+
+    new = world.start("new-owner")
+    assert new.wait_event("claim")["run_id"] == key
+    newest = new.wait_event("put", text=ANSWER + " Mor")
+
+    old.release()  # its complete checkpoint is refused; then LangGraph commits its turn
+    old.finish()
+    assert old.stderr().count("fenced out of run") == 1
+    assert not [e for e in old.events if e["event"] == "delete"]
+
+    new.kill()
+    [stored] = world.checkpoints()
+    assert (stored.run_id, stored.epoch, stored.partial_text) == (key, 2, newest["text"])
+    assert not stored.complete
