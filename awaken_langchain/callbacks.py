@@ -130,7 +130,6 @@ class _Capture:
                 run.acc.feed(first)
             elif isinstance(first, ChatGeneration):
                 run.acc.feed(ChatGenerationChunk(message=_as_chunk(first.message)))
-        run.acc.end_of_text()
         has_output = bool(run.acc.text or run.acc.completed or run.acc.in_flight)
         return run.active and (has_output or run.written)
 
@@ -271,6 +270,9 @@ class StreamCheckpointHandler(BaseCallbackHandler):
 
 class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
     """Async twin of `StreamCheckpointHandler`: awaits the store's async methods.
+
+    For sync calls use `StreamCheckpointHandler`: LangChain runs an async
+    handler's events in a separate event loop there, one per event.
 
     Args:
         store: Where the in-flight turns are written, keyed by the run id.

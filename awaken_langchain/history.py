@@ -20,6 +20,13 @@ replacement's model call (same key) returns the finished answer without asking
 the provider. A crash between 2 and 3 leaves a checkpoint whose message is
 already in memory: committing the same turn again adds nothing (messages are
 matched by id), and the next model call of the thread releases it.
+
+LangGraph's default ``durability="async"`` writes a step's checkpoint while the
+next step runs, so the release by the next model call may, in a crash, come
+before the previous step was durably saved; the re-run then asks the provider
+again (memory still holds no partial or duplicated turn). Run the
+graph with ``durability="sync"`` (an ``invoke``/``stream`` argument) when a
+crash must never cost a request.
 """
 
 from __future__ import annotations
@@ -111,7 +118,8 @@ def commit_turn(
     turn twice (a crash after the commit, before the checkpoint was deleted)
     adds nothing the second time. Messages without an id get one derived from
     the turn's assistant message id, which is stable across a resumed turn.
-    Chunks are stored as complete messages.
+    Chunks are stored as complete messages. The history's messages are read
+    once to find the ids it already holds.
 
     Args:
         history: The chat message history to commit to.
@@ -125,8 +133,9 @@ def commit_turn(
         The messages that were added.
 
     Raises:
-        ValueError: If the turn does not end with an assistant message, or an
-            assistant tool call has no answering ``ToolMessage`` in the turn.
+        ValueError: If the turn does not end with an assistant message, holds
+            the partial output of an interrupted turn, or an assistant tool call
+            has no answering ``ToolMessage`` in the turn.
     """
     turn = prepare_turn(messages)
     existing = {m.id for m in history.messages if m.id}
@@ -163,7 +172,8 @@ def prepare_turn(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
 
     Raises:
         ValueError: If the turn is empty, does not end with an assistant
-            message, or leaves an assistant tool call unanswered.
+            message, holds the partial output of an interrupted turn, or leaves
+            an assistant tool call unanswered.
     """
     turn: list[BaseMessage] = [
         message_chunk_to_message(m) if isinstance(m, BaseMessageChunk) else m for m in messages
@@ -173,6 +183,14 @@ def prepare_turn(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
             "a turn to commit must end with the assistant's message; pass the turn's "
             "messages in order, e.g. [human_message, ai_message]"
         )
+    for message in turn:
+        awaken = message.response_metadata.get("awaken")
+        if isinstance(awaken, dict) and awaken.get("interrupted"):
+            raise ValueError(
+                f"assistant message {message.id!r} is the partial output of a turn that "
+                "could not be completed (StreamInterruptedError.partial); only complete "
+                "turns are committed: retry the turn, or resume it from its checkpoint"
+            )
     answered = {m.tool_call_id for m in turn if isinstance(m, ToolMessage)}
     for message in turn:
         if isinstance(message, AIMessage):

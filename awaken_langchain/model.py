@@ -290,7 +290,11 @@ class _Turn:
             return _Decision("raise", error=exc)
         self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
         if not decision.retry:
-            partial = self.acc.message(self.metadata()) if (text or self.acc.completed) else None
+            partial = (
+                self.acc.message({**self.metadata(), "interrupted": True})
+                if (text or self.acc.completed)
+                else None
+            )
             return _Decision(
                 "raise",
                 error=StreamInterruptedError(

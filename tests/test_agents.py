@@ -275,45 +275,57 @@ def test_agent_executor_never_runs_a_cut_off_call_and_the_model_is_told() -> Non
     assert "was not executed" in told["call_cut"]
 
 
-def test_agent_executor_with_chat_openai_sends_only_valid_histories(
-    loopback_provider: LoopbackProvider,
+def loopback_model(server: LoopbackProvider, provider: str) -> Any:
+    if provider == "openai":
+        return ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+    from langchain_anthropic import ChatAnthropic
+
+    return ChatAnthropic(
+        model="claude-sonnet-4-6",
+        base_url=server.base_url_anthropic,
+        api_key="x",
+        max_retries=0,
+    )
+
+
+def answered_ids(request: Any) -> list[str]:
+    """Tool call ids answered in a recorded OpenAI or Anthropic request."""
+    ids: list[str] = []
+    for message in request.messages:
+        if message["role"] == "tool":
+            ids.append(message["tool_call_id"])
+        elif isinstance(message["content"], list):
+            ids += [b["tool_use_id"] for b in message["content"] if b.get("type") == "tool_result"]
+    return ids
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_agent_executor_with_real_clients_sends_only_valid_histories(
+    loopback_provider: LoopbackProvider, provider: str
 ) -> None:
     server = loopback_provider
+    transfer = {"to": "alice", "amount": 100, "confirm": True}
     server.enqueue(
         Scenario(
             tool_calls=[
                 ScriptedToolCall("balance", {"account": "main"}, id="call_balance"),
-                ScriptedToolCall(
-                    "transfer", {"to": "alice", "amount": 100, "confirm": True}, id="call_cut"
-                ),
+                ScriptedToolCall("transfer", transfer, id="call_cut"),
             ],
-            fault=Fault.drop_after_events(12),
+            fault=Fault.drop_after_events(12 if provider == "openai" else 10),
         )
     )
-    server.enqueue(
-        Scenario(
-            tool_calls=[
-                ScriptedToolCall(
-                    "transfer", {"to": "alice", "amount": 100, "confirm": True}, id="call_again"
-                )
-            ]
-        )
-    )
+    server.enqueue(Scenario(tool_calls=[ScriptedToolCall("transfer", transfer, id="call_again")]))
     server.enqueue(Scenario(text="Sent 100 to alice."))
-    model = ChatOpenAI(
-        model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
-    )
     bank = Bank()
-    result = executor(RecoveringChatModel(model=model, retry_policy=NO_WAIT), bank).invoke(
-        {"input": "pay alice 100"}
-    )
+    wrapper = RecoveringChatModel(model=loopback_model(server, provider), retry_policy=NO_WAIT)
+    result = executor(wrapper, bank).invoke({"input": "pay alice 100"})
     assert result["output"] == "Sent 100 to alice."
-    assert bank.transfers() == [{"to": "alice", "amount": 100, "confirm": True}]
-    requests = server.requests_for("openai")
-    assert [r.rejected_by for r in requests] == [None, None, None]
-    second = requests[1].messages
-    answered = [m.get("tool_call_id") for m in second if m["role"] == "tool"]
-    assert sorted(answered) == ["call_balance", "call_cut"]
+    assert bank.transfers() == [transfer]
+    requests = server.requests
+    assert [r.rejected_by for r in requests] == [None, None, None]  # no unanswered tool call
+    assert sorted(answered_ids(requests[1])) == ["call_balance", "call_cut"]
 
 
 # -- the request-time answer, as a pure function ------------------------------------------

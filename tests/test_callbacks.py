@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import openai
 import pytest
 from langchain.agents import create_agent
@@ -89,6 +90,36 @@ def test_no_more_than_the_configured_chunks_are_at_risk_while_streaming(
         assert len(seen) - len(saved.partial_text if saved else "") <= 8
     rest = "".join(str(c.content) for c in stream)
     assert seen + rest == "y" * 40
+
+
+class SteppedClock:
+    """A clock that advances a fixed step each time it is read."""
+
+    def __init__(self, step: float) -> None:
+        self.now = 0.0
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def test_slow_output_is_written_after_checkpoint_every_seconds(
+    store: DiskCacheStreamCheckpointStore,
+) -> None:
+    model = ScriptedChatModel(scripts=[[*text("slow words here", size=5), finish()]])
+    handler = StreamCheckpointHandler(
+        store, checkpoint_every_chunks=1000, checkpoint_every_seconds=1.0, clock=SteppedClock(0.6)
+    )
+    run_id = uuid.uuid4()
+    stream = model.stream("q", config={"callbacks": [handler], "run_id": run_id})
+    first = str(next(stream).content)
+    assert store.get(str(run_id)) is None  # 0.6 s of output: not yet due
+    second = str(next(stream).content)
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert saved.partial_text == first + second  # 1.2 s: written although only 2 chunks
+    drain(stream)
 
 
 def test_a_completed_turn_leaves_no_checkpoint(store: DiskCacheStreamCheckpointStore) -> None:
@@ -343,3 +374,37 @@ def test_chat_openai_stream_cut_by_the_network_is_checkpointed_and_finished(
     answer = replacement.invoke("tides?", config={"run_id": run_id})
     assert answer.content == received + " because of the moon."
     assert len(server.requests_for("openai")) == 2
+
+
+def test_chat_anthropic_stream_cut_mid_tool_call_is_checkpointed_with_its_text(
+    loopback_provider: LoopbackProvider, store: DiskCacheStreamCheckpointStore
+) -> None:
+    from langchain_anthropic import ChatAnthropic
+
+    from awaken_langchain.testing import ScriptedToolCall
+
+    server = loopback_provider
+    server.enqueue(
+        Scenario(
+            text="Checking the weather first.",
+            tool_calls=[ScriptedToolCall("lookup", {"q": "weather in Lisbon"}, id="toolu_1")],
+            fault=Fault.drop_after_events(12),
+        )
+    )
+    model = ChatAnthropic(
+        model="claude-sonnet-4-6",
+        base_url=server.base_url_anthropic,
+        api_key="x",
+        max_retries=0,
+    ).bind_tools([lookup])
+    handler = handler_for(store, checkpoint_every_chunks=100)
+    run_id = uuid.uuid4()
+    with pytest.raises(httpx2.RemoteProtocolError):  # Anthropic's SDK leaves it unwrapped
+        drain(model.stream("weather?", config={"callbacks": [handler], "run_id": run_id}))
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert saved.partial_text == "Checking the weather first."
+    assert saved.completed_tool_calls == ()
+    assert saved.in_flight_tool_call is not None
+    assert saved.in_flight_tool_call.name == "lookup"
+    assert saved.in_flight_tool_call.partial_args  # cut off: kept raw, never as a valid call

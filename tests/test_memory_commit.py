@@ -173,6 +173,22 @@ def test_a_turn_that_could_not_be_completed_leaves_the_history_unchanged(
     assert contents(history.messages) == [("human", "earlier"), ("ai", "reply")]
 
 
+def test_the_partial_output_of_an_interrupted_turn_is_refused(
+    tmp_path: Path, store: DiskCacheStreamCheckpointStore
+) -> None:
+    history = SQLiteHistory(tmp_path / "chat.sqlite", "s1")
+    wrapper, _ = model(store, [*text("Half an ans"), reset()], retry_policy=GIVE_UP)
+    human = HumanMessage("question")
+    with pytest.raises(StreamInterruptedError) as interrupted:
+        wrapper.invoke([human])
+    partial = interrupted.value.partial
+    assert partial is not None
+    assert partial.content == "Half an ans"
+    with pytest.raises(ValueError, match="could not be completed"):
+        commit_turn(history, [human, partial], store=store)
+    assert history.messages == []
+
+
 def test_a_turn_finished_before_a_crash_is_committed_without_a_new_request(
     tmp_path: Path, store: DiskCacheStreamCheckpointStore
 ) -> None:
@@ -538,3 +554,27 @@ def test_a_failed_release_by_the_next_model_call_warns_and_the_turn_goes_on(
         ("human", "second"),
         ("ai", "Two."),
     ]
+
+
+@pytest.mark.filterwarnings("ignore::langchain_core._api.deprecation.LangChainDeprecationWarning")
+def test_runnable_with_message_history_stores_only_the_recovered_whole_turn(
+    tmp_path: Path,
+) -> None:
+    from langchain_core.runnables.history import RunnableWithMessageHistory
+
+    history = SQLiteHistory(tmp_path / "chat.sqlite", "s1")
+    wrapper, _ = model(
+        InMemoryStreamCheckpointStore(),
+        [*text("Recovered "), reset()],
+        [*text("answer."), finish()],
+        [*text("Lost"), reset()],
+    )
+    chat = RunnableWithMessageHistory(wrapper, lambda _session: history)
+    config = {"configurable": {"session_id": "s1"}}
+    assert "".join(str(c.content) for c in chat.stream("first", config)) == "Recovered answer."
+    wrapper.retry_policy = GIVE_UP
+    with pytest.raises(StreamInterruptedError):
+        chat.invoke("second", config)
+    stored = history.messages  # RunnableWithMessageHistory keeps a streamed turn as a chunk
+    assert [str(m.content) for m in stored] == ["first", "Recovered answer."]
+    assert isinstance(stored[1], AIMessage)
