@@ -124,10 +124,10 @@ def commit_turn(
     Args:
         history: The chat message history to commit to.
         messages: The turn, ending with the assistant's final message.
-        store: The checkpoint store the turn's model used; its kept complete
-            checkpoint is deleted after the commit.
-        key: The checkpoint key to delete; by default the one recorded in the
-            assistant message's ``response_metadata["awaken"]``.
+        store: The checkpoint store the turn's model used; the complete
+            checkpoints kept for the turn's assistant messages (recorded in
+            their ``response_metadata["awaken"]``) are deleted after the commit.
+        key: One more checkpoint key to delete after the commit.
 
     Returns:
         The messages that were added.
@@ -142,9 +142,9 @@ def commit_turn(
     new = [m for m in turn if m.id not in existing]
     if new:
         history.add_messages(new)
-    release = key if key is not None else kept_checkpoint_key(turn[-1])
-    if store is not None and release is not None:
-        _delete(store, release)
+    if store is not None:
+        for release in _released_keys(turn, key):
+            _delete(store, release)
     return new
 
 
@@ -161,9 +161,9 @@ async def acommit_turn(
     new = [m for m in turn if m.id not in existing]
     if new:
         await history.aadd_messages(new)
-    release = key if key is not None else kept_checkpoint_key(turn[-1])
-    if store is not None and release is not None:
-        await _adelete(store, release)
+    if store is not None:
+        for release in _released_keys(turn, key):
+            await _adelete(store, release)
     return new
 
 
@@ -209,6 +209,14 @@ def prepare_turn(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
         m if m.id else m.model_copy(update={"id": f"{anchor}--{position}"})
         for position, m in enumerate(turn)
     ]
+
+
+def _released_keys(turn: Sequence[BaseMessage], key: str | None) -> list[str]:
+    """The checkpoints a committed turn releases: its kept ones, and ``key``."""
+    keys = [k for k in map(kept_checkpoint_key, turn) if k is not None]
+    if key is not None:
+        keys.append(key)
+    return list(dict.fromkeys(keys))
 
 
 def _delete(store: StreamCheckpointStore, key: str) -> None:

@@ -252,8 +252,7 @@ def test_a_turn_is_kept_complete_until_it_is_committed(
             ToolMessage("found", tool_call_id="call_1"),
             AIMessage("Done.", id="final"),
         ],
-        store=store,
-        key=str(run_id),
+        store=store,  # releases the checkpoint kept for the tool-calling message
     )
     assert [m.type for m in history.messages] == ["human", "ai", "tool", "ai"]
     assert store.get(str(run_id)) is None
