@@ -380,12 +380,21 @@ class _Turn:
             "checkpoint_complete": self.checkpointing and self.keep,
         }
 
-    def finish(self) -> list[ChatGenerationChunk]:
-        """The chunks that close the turn."""
+    def close(self) -> list[AIMessageChunk]:
+        """End the turn: release held text and build the complete checkpoint to keep.
+
+        Returns the held text chunks; `finish` builds the closing chunks once the
+        complete checkpoint was written (or refused), so that the final chunk's
+        ``checkpoint_complete`` tells whether this process really kept one.
+        """
         self.done = True
-        out = self.acc.end_of_text()
+        held = self.acc.end_of_text()
         self.closing = self._closing_snapshot()
-        out.append(self.acc.final_chunk(self.metadata()))
+        return held
+
+    def finish(self, held: list[AIMessageChunk]) -> list[ChatGenerationChunk]:
+        """The chunks that close the turn: held text, then the final chunk."""
+        out = [*held, self.acc.final_chunk(self.metadata())]
         return [ChatGenerationChunk(message=chunk) for chunk in out]
 
 
@@ -801,7 +810,7 @@ class RecoveringChatModel(BaseChatModel):
                     continue
                 break
             break
-        closing = turn.finish()
+        tail = turn.close()
         if store is not None and turn.checkpointing:
             try:
                 if turn.closing is not None:  # kept until memory commits the turn
@@ -810,7 +819,7 @@ class RecoveringChatModel(BaseChatModel):
                     store.delete(turn.ctx.key, epoch=turn.epoch)
             except StreamCheckpointError as exc:
                 self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-        yield from closing
+        yield from turn.finish(tail)
 
     def _inner_chunks(
         self, turn: _Turn, messages: list[BaseMessage]
@@ -938,7 +947,7 @@ class RecoveringChatModel(BaseChatModel):
                     continue
                 break
             break
-        closing = turn.finish()
+        tail = turn.close()
         if store is not None and turn.checkpointing:
             try:
                 if turn.closing is not None:  # kept until memory commits the turn
@@ -947,7 +956,7 @@ class RecoveringChatModel(BaseChatModel):
                     await store.adelete(turn.ctx.key, epoch=turn.epoch)
             except StreamCheckpointError as exc:
                 await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-        for closing_chunk in closing:
+        for closing_chunk in turn.finish(tail):
             yield closing_chunk
 
     async def _ainner_chunks(
