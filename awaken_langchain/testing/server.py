@@ -54,6 +54,7 @@ import logging
 import signal
 import socket
 import struct
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -458,6 +459,19 @@ class _HTTPServer(ThreadingHTTPServer):
     ) -> None:
         self.provider = provider
         super().__init__(address, handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Log a client that went away at debug level, anything else as an error.
+
+        A client that drops a keep-alive connection (or is killed) makes the
+        handler's read fail with ``ConnectionResetError``; that is not a server
+        error and must not print a traceback on the terminal.
+        """
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            logger.debug("client %s went away: %r", client_address, exc)
+            return
+        logger.error("error handling a request from %s", client_address, exc_info=exc)
 
 
 @dataclass(frozen=True)
