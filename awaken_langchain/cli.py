@@ -302,7 +302,7 @@ def chat_model(spec: str, base_url: str | None) -> Any:
     if not sep or not provider or not name:
         raise CommandError(
             f"--model {spec!r} must be PROVIDER:MODEL, for example openai:gpt-4o-mini or "
-            "anthropic:claude-sonnet-4-5"
+            "anthropic:claude-sonnet-5"
         )
     if provider in PROVIDER_EXTRAS:
         module, extra = PROVIDER_EXTRAS[provider]

@@ -70,7 +70,7 @@ from awaken_langchain.testing.server import (
 
 DemoProvider = Literal["openai", "anthropic"]
 
-MODEL_NAMES: dict[str, str] = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-4-5"}
+MODEL_NAMES: dict[str, str] = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-5"}
 """The model name each client asks the loopback provider for."""
 
 STEPS = ("a", "b", "c", "d")
@@ -433,12 +433,22 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--thread", required=True)
     parser.add_argument("--speed", type=float, default=1.0)
     parser.add_argument("--question", default=None, help="omit to finish the pending turn")
+    parser.add_argument(
+        "--standby", action="store_true", help="load everything, then wait for a line on stdin"
+    )
     args = parser.parse_args(argv)
     out = sys.stdout
 
     def emit(record: Record) -> None:
         out.write(json.dumps(record) + "\n")
         out.flush()
+
+    if args.standby:
+        require_agents("the demo worker")
+        require_provider(args.provider, "the demo worker")
+        emit({"type": "standby"})
+        if not sys.stdin.readline():
+            return 1  # the demo ended without needing this worker
 
     agent, _ = build_agent(
         args.dir,
@@ -474,6 +484,22 @@ class Worker:
     records: queue.SimpleQueue[Record | None]
     log_path: Path
 
+    def go(self) -> None:
+        """Let a worker on standby start its turn."""
+        assert self.process.stdin is not None
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+
+    def stop(self) -> None:
+        """End the worker if it is still running."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=30)
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
+
     @property
     def returncode(self) -> int | None:
         """The exit status, once it has exited."""
@@ -491,7 +517,7 @@ def spawn_worker(args: Sequence[str], log_path: Path) -> Worker:
         [sys.executable, "-m", "awaken_langchain.demo", *args],
         stdout=subprocess.PIPE,
         stderr=log,
-        stdin=subprocess.DEVNULL,
+        stdin=subprocess.PIPE,
         text=True,
         env=env,
     )
@@ -871,32 +897,39 @@ class Demo:
         ]
         logs = self.settings.directory / "logs"
         logs.mkdir(exist_ok=True)
-        self.screen.note("starting worker 1 ...")
-        first = spawn_worker([*common, "--question", Q_REPLACE], logs / "worker-1.log")
-        self.worker_1 = first
-        self.screen.user(Q_REPLACE)
-        shown = self._stream_until_killed(result, first)
-        self.killed_shown = shown
-        after_kill = self._checkpoint_of_thread()
-        self.checkpoint_after_kill = after_kill
-        saved = len(after_kill.partial_text) if after_kill is not None else 0
-        self.screen.marker(
-            "☠",
-            f"SIGKILL worker 1 (pid {first.process.pid}) after {shown} characters; "
-            f"its checkpoint holds {saved} of them",
-            "bold red",
-        )
-        result.records.append({"type": "killed", "shown": shown})
-        self._pause(0.5)
-        self.screen.note("starting worker 2 (a fresh process) ...")
-        second_args = list(common)
+        second_args = [*common, "--standby"]
         if self.settings.inject_failure == "replacement":
             second_args += ["--checkpoints", str(self.settings.directory / "checkpoints-elsewhere")]
+        self.screen.note(
+            "starting worker 1, and worker 2 on standby (it loads its libraries, then waits "
+            "without touching the turn) ..."
+        )
+        first = spawn_worker([*common, "--question", Q_REPLACE], logs / "worker-1.log")
         second = spawn_worker(second_args, logs / "worker-2.log")
-        self.worker_2 = second
-        self.screen.answer_follows()
-        self.worker_2_records = self._stream_to_end(result, second)
-        self.screen.note("")
+        self.worker_1, self.worker_2 = first, second
+        try:
+            self.screen.user(Q_REPLACE)
+            shown = self._stream_until_killed(result, first)
+            self.killed_shown = shown
+            after_kill = self._checkpoint_of_thread()
+            self.checkpoint_after_kill = after_kill
+            saved = len(after_kill.partial_text) if after_kill is not None else 0
+            self.screen.marker(
+                "☠",
+                f"SIGKILL worker 1 (pid {first.process.pid}) after {shown} characters; "
+                f"its checkpoint holds {saved} of them",
+                "bold red",
+            )
+            result.records.append({"type": "killed", "shown": shown})
+            self._pause(0.5)
+            self.screen.note(f"worker 2 (pid {second.process.pid}, a fresh process) takes over ...")
+            second.go()
+            self.screen.answer_follows()
+            self.worker_2_records = self._stream_to_end(result, second)
+            self.screen.note("")
+        finally:
+            first.stop()
+            second.stop()
 
     def _stream_until_killed(self, result: StepResult, worker: Worker) -> int:
         """Show the worker's stream; SIGKILL it once a checkpoint holds part of it."""
@@ -924,6 +957,12 @@ class Demo:
             if checkpoint is not None and checkpoint.partial_text:
                 worker.process.send_signal(signal.SIGKILL)
                 worker.process.wait(timeout=10)
+                # what the worker wrote before it died, not yet shown here
+                while (record := worker.records.get(timeout=10)) is not None:
+                    result.records.append({**record, "worker": 1})
+                    self.screen.record(record)
+                    if record.get("type") == "token":
+                        shown += len(str(record["text"]))
                 return shown
         worker.process.kill()
         raise RuntimeError("worker 1 never reached the point where it is killed")
