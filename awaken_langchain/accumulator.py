@@ -111,6 +111,7 @@ class TurnAccumulator:
         self._next_index = 0
         self.usage: UsageMetadata | None = None
         self.response_metadata: dict[str, Any] = {}
+        self.additional_kwargs: dict[str, Any] = {}
         self.terminal = False
         self.chunks_in_attempt = 0
         self.emitted_in_attempt = 0
@@ -214,6 +215,7 @@ class TurnAccumulator:
                 self._feed_call(piece, out)
         kwargs = {k: v for k, v in message.additional_kwargs.items() if k not in _SKIPPED_KWARGS}
         if kwargs:
+            self._merge_kwargs(kwargs)
             out.append(AIMessageChunk(content="", additional_kwargs=kwargs, id=self.message_id))
         usage = getattr(message, "usage_metadata", None)
         if usage:
@@ -276,6 +278,7 @@ class TurnAccumulator:
             metadata["awaken"] = awaken
         return AIMessage(
             content=self.text,
+            additional_kwargs=dict(self.additional_kwargs),
             id=self.message_id,
             tool_calls=[tool_call(name=c.name, args=c.args, id=c.id) for c in self.completed],
             invalid_tool_calls=[
@@ -341,6 +344,16 @@ class TurnAccumulator:
                 ],
             )
         )
+
+    def _merge_kwargs(self, kwargs: dict[str, Any]) -> None:
+        """Merge pass-through fields the way chunk addition does (strings concatenate)."""
+        merged = self.additional_kwargs
+        for key, value in kwargs.items():
+            previous = merged.get(key)
+            if isinstance(previous, str) and isinstance(value, str):
+                merged[key] = previous + value
+            elif value is not None or key not in merged:
+                merged[key] = value
 
     def _merge_metadata(self, metadata: dict[str, Any] | None) -> None:
         if not metadata:

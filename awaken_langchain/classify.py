@@ -4,7 +4,8 @@
 of the exception only, never from its message text:
 
 1. cancellation (any ``BaseException`` that is not an ``Exception``: task
-   cancellation, ``KeyboardInterrupt``, ``GeneratorExit``, ``SystemExit``);
+   cancellation, ``KeyboardInterrupt``, ``GeneratorExit``, ``SystemExit``; and
+   ``concurrent.futures.CancelledError``): never retryable;
 2. this library's own stream errors (`StreamStalledError`,
    `StreamEndedEarlyError`, `StreamInterruptedError`);
 3. a specific provider error ``type`` or ``code`` in the error body
@@ -18,7 +19,15 @@ of the exception only, never from its message text:
    ``httpcore2``/``h11`` families, matched by module family and class name so
    that none of them is imported, and the SDKs' ``APIConnectionError`` /
    ``APITimeoutError``;
-8. Python's ``TimeoutError`` and ``ConnectionError``.
+8. a ``json.JSONDecodeError`` raised inside a provider SDK (an SSE event whose
+   data is not JSON: a corrupted stream);
+9. Python's ``TimeoutError`` and ``ConnectionError``.
+
+A provider's ``x-should-retry: true|false`` response header, which the SDKs
+obey, overrides the retryability of a recognised failure. Anything else is
+`ErrorKind.UNKNOWN` and not retryable; `RetryPolicy` can widen that with its
+``retry_on`` and ``classifier`` hooks (for providers whose SDKs raise other
+exception types).
 
 When an exception says nothing useful itself, its explicit cause
 (``raise ... from err``) is classified instead; the implicit context is followed
@@ -32,6 +41,7 @@ is decided by `awaken_langchain.retry.RetryPolicy`, which caps the hint.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import email.utils
 import enum
@@ -61,7 +71,7 @@ from awaken_langchain.errors import (
     StreamStalledError,
 )
 
-__all__ = ["ErrorInfo", "ErrorKind", "classify_error"]
+__all__ = ["ErrorInfo", "ErrorKind", "classify_error", "is_cancellation"]
 
 
 class ErrorKind(enum.StrEnum):
@@ -162,19 +172,28 @@ def classify_error(exc: BaseException, *, now: float | None = None) -> ErrorInfo
         not retryable.
     """
     when = time.time() if now is None else now
-    first: ErrorInfo | None = None
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen and len(seen) < _MAX_CHAIN:
+    first = _classify_one(exc, when)
+    seen = {id(exc)}
+    current = _next_in_chain(exc)
+    while first.kind is ErrorKind.UNKNOWN and current is not None and id(current) not in seen:
+        if len(seen) >= _MAX_CHAIN:
+            break
         seen.add(id(current))
         info = _classify_one(current, when)
         if info.kind is not ErrorKind.UNKNOWN:
             return info
-        if first is None:
-            first = info
         current = _next_in_chain(current)
-    assert first is not None
     return first
+
+
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` cancels the work rather than reporting a failure.
+
+    Any ``BaseException`` that is not an ``Exception`` (``asyncio.CancelledError``,
+    ``KeyboardInterrupt``, ``GeneratorExit``, ``SystemExit``, trio's
+    ``Cancelled``), and ``concurrent.futures.CancelledError``.
+    """
+    return not isinstance(exc, Exception) or isinstance(exc, concurrent.futures.CancelledError)
 
 
 # --- one exception -----------------------------------------------------------
@@ -271,7 +290,7 @@ class _Facts:
 
 
 def _classify_one(exc: BaseException, now: float) -> ErrorInfo:
-    if not isinstance(exc, Exception):
+    if is_cancellation(exc) or not isinstance(exc, Exception):
         return ErrorInfo(kind=ErrorKind.CANCELLED, retryable=False)
     if isinstance(exc, StreamStalledError):
         return ErrorInfo(kind=ErrorKind.TIMEOUT, retryable=True)
@@ -339,23 +358,27 @@ def _kind_of(exc: Exception, facts: _Facts) -> tuple[ErrorKind, bool]:
     return ErrorKind.UNKNOWN, False
 
 
+_STATUS_KINDS: Mapping[int, ErrorKind] = {
+    401: ErrorKind.AUTHENTICATION,
+    402: ErrorKind.QUOTA_EXHAUSTED,
+    403: ErrorKind.PERMISSION,
+    404: ErrorKind.NOT_FOUND,
+    408: ErrorKind.TIMEOUT,
+    409: ErrorKind.SERVER,  # lock/conflict: the SDKs retry it
+    413: ErrorKind.CONTEXT_OVERFLOW,
+    429: ErrorKind.RATE_LIMITED,
+    503: ErrorKind.OVERLOADED,
+    504: ErrorKind.TIMEOUT,
+    529: ErrorKind.OVERLOADED,
+}
+"""HTTP statuses with their own kind; other 4xx are invalid requests, other 5xx server errors."""
+
+
 def _kind_for_status(status: int) -> ErrorKind | None:
     """Map an HTTP error status to a kind (``None`` for non-error statuses)."""
     if status < 400 or status > 599:
         return None
-    special = {
-        401: ErrorKind.AUTHENTICATION,
-        402: ErrorKind.QUOTA_EXHAUSTED,
-        403: ErrorKind.PERMISSION,
-        404: ErrorKind.NOT_FOUND,
-        408: ErrorKind.TIMEOUT,
-        409: ErrorKind.SERVER,  # lock/conflict: the SDKs retry it
-        413: ErrorKind.CONTEXT_OVERFLOW,
-        429: ErrorKind.RATE_LIMITED,
-        503: ErrorKind.OVERLOADED,
-        504: ErrorKind.TIMEOUT,
-        529: ErrorKind.OVERLOADED,
-    }.get(status)
+    special = _STATUS_KINDS.get(status)
     if special is not None:
         return special
     return ErrorKind.INVALID_REQUEST if status < 500 else ErrorKind.SERVER

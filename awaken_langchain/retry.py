@@ -40,7 +40,7 @@ from tenacity.retry import retry_if_exception
 from tenacity.stop import stop_after_attempt, stop_base
 from tenacity.wait import wait_base, wait_exponential_jitter
 
-from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
+from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error, is_cancellation
 
 if TYPE_CHECKING:
     from tenacity import BaseRetrying
@@ -244,7 +244,7 @@ class RetryPolicy:
             TypeError: If the ``classifier`` hook returned something other than
                 an `ErrorInfo` or ``None``.
         """
-        if not isinstance(exc, Exception):
+        if is_cancellation(exc):
             return classify_error(exc)
         info: ErrorInfo | None = None
         if self.classifier is not None:

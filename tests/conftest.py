@@ -25,10 +25,13 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import run_id_bytes
+from tests.redis_server import corrupt_redis, redis_server, store_on
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]
+
+__all__ = ["redis_server"]  # the session fixture, defined with the server helper
 
 
 class FakeClock:
@@ -121,6 +124,14 @@ STORE_BACKENDS: list[StoreBackend] = [
         durable=True,
         child_source="FileStreamCheckpointStore(location)",
         uses_directory=True,
+    ),
+    StoreBackend(
+        name="redis",
+        make=store_on,
+        corrupt=corrupt_redis,
+        durable=True,
+        child_source="__import__('tests.redis_server', fromlist=['x']).store_on(location)",
+        uses_directory=False,
     ),
 ]
 

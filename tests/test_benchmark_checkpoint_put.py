@@ -30,5 +30,5 @@ def test_checkpoint_put_benchmark_runs_at_tiny_size(
         assert large.append_us > 0
         assert base.rewrite_us > 0
     table = capsys.readouterr().out
-    assert "append ratio" in table
+    assert "ratio (median)" in table
     assert "diskcache" in table

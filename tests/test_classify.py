@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import email.utils
 import functools
 import json
@@ -426,7 +427,13 @@ def test_exhausted_recovery_is_not_retried_again() -> None:
 
 @pytest.mark.parametrize(
     "exc",
-    [asyncio.CancelledError(), KeyboardInterrupt(), GeneratorExit(), SystemExit(1)],
+    [
+        asyncio.CancelledError(),
+        KeyboardInterrupt(),
+        GeneratorExit(),
+        SystemExit(1),
+        concurrent.futures.CancelledError(),
+    ],
     ids=lambda e: type(e).__name__,
 )
 def test_cancellation_is_never_retryable(exc: BaseException) -> None:

@@ -23,6 +23,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk,
 from langchain_openai import ChatOpenAI
 
 from awaken_langchain.testing import (
+    DEFAULT_SHAPE_RULES,
     NO_ASSISTANT_PREFILL,
     Fault,
     LoopbackProvider,
@@ -98,6 +99,12 @@ def merge(chunks: list[BaseMessageChunk]) -> AIMessageChunk:
 def drain_text(stream: Any, received: list[str]) -> None:
     """Consume a LangChain stream, keeping each chunk's text as it arrives."""
     for chunk in stream:
+        received.append(chunk.text)
+
+
+async def adrain_text(stream: Any, received: list[str]) -> None:
+    """Consume a LangChain async stream, keeping each chunk's text as it arrives."""
+    async for chunk in stream:
         received.append(chunk.text)
 
 
@@ -456,6 +463,30 @@ def test_short_stall_then_stream_completes(server: LoopbackProvider) -> None:
     assert merge(list(chat_anthropic(server).stream("hi"))).text == TEXT
 
 
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_keepalive_stall_outlasts_read_timeout_without_new_chunks(
+    server: LoopbackProvider, provider: str
+) -> None:
+    # Margins are wide so a loaded machine cannot turn a late keep-alive into a timeout.
+    stall = Fault.stall(0.8, after_events=3, keepalive=0.05)
+    server.enqueue(Scenario(text=TEXT, fault=stall))
+    model = (
+        chat_openai(server, timeout=0.4)
+        if provider == "openai"
+        else chat_anthropic(server, default_request_timeout=0.4)
+    )
+    gaps: list[float] = []
+    last = time.monotonic()
+    chunks = []
+    for chunk in model.stream("hi"):
+        now = time.monotonic()
+        gaps.append(now - last)
+        last = now
+        chunks.append(chunk)
+    assert merge(chunks).text == TEXT
+    assert max(gaps) >= 0.7
+
+
 def test_stop_ends_a_stall_promptly() -> None:
     server = LoopbackProvider([Scenario(text=TEXT, fault=Fault.stall(60, after_events=1))])
     server.start()
@@ -535,6 +566,7 @@ def test_each_retry_is_recorded_as_its_own_request(server: LoopbackProvider) -> 
     assert reply.choices[0].message.content == "after retry"
     assert [r.scenario.fault is not None for r in server.requests if r.scenario] == [True, False]
     assert [r.headers["x-stainless-retry-count"] for r in server.requests] == ["0", "1"]
+    assert 0 <= server.requests[1].received_at - server.requests[0].received_at < 5
 
 
 def test_empty_queue_answers_with_default_scenario(server: LoopbackProvider) -> None:
@@ -703,6 +735,29 @@ def test_openai_rejects_tool_message_without_preceding_call(server: LoopbackProv
     assert server.requests[0].rejected_by == "openai.tool_message_follows_call"
 
 
+def test_openai_rejects_assistant_message_without_content_or_tool_calls(
+    server: LoopbackProvider,
+) -> None:
+    with pytest.raises(openai.BadRequestError, match="got null"):
+        openai_client(server).chat.completions.create(
+            model=OPENAI_MODEL,
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": None},
+                {"role": "user", "content": "go on"},
+            ],
+        )
+    assert server.requests[0].rejected_by == "openai.assistant_has_content"
+
+
+def test_default_shape_rules_are_documented_and_uniquely_named() -> None:
+    names = [rule.name for rule in DEFAULT_SHAPE_RULES]
+    assert len(names) == len(set(names))
+    for rule in DEFAULT_SHAPE_RULES:
+        assert rule.name.startswith(rule.provider + ".")
+        assert rule.description.endswith(".")
+
+
 def test_shape_rules_can_be_disabled_and_extended() -> None:
     prefill = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hi "}]
     with LoopbackProvider(shape_rules=()) as lenient:
@@ -742,6 +797,7 @@ def test_standalone_module_serves_until_terminated() -> None:
     process = subprocess.Popen(
         [sys.executable, "-m", "awaken_langchain.testing.server", "--port", "0", "--echo"],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
     )
@@ -757,7 +813,25 @@ def test_standalone_module_serves_until_terminated() -> None:
         assert reply.choices[0].message.content == "You said: standalone"
     finally:
         process.terminate()
-        assert process.wait(timeout=10) == 0
+        _, errors = process.communicate(timeout=10)
+    assert process.returncode == 0
+    assert "Warning" not in errors
+
+
+async def test_async_clients_observe_mid_stream_faults(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(4)))
+    received: list[str] = []
+    with pytest.raises(httpx2.RemoteProtocolError):
+        await adrain_text(chat_anthropic(server).astream("hi"), received)
+    assert "".join(received) == TEXT[:8]
+    server.enqueue(Scenario(text=TEXT, fault=Fault.error_event(after_events=3)))
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await adrain_text(chat_anthropic(server).astream("hi"), [])
+    assert caught.value.status_code == 200
+    server.enqueue(Scenario(fault=Fault.rate_limited(retry_after_ms=250)))
+    with pytest.raises(openai.RateLimitError) as limited:
+        await adrain_text(chat_openai(server).astream("hi"), [])
+    assert limited.value.response.headers["retry-after-ms"] == "250"
 
 
 # -- non-streamed requests under faults -----------------------------------------------
@@ -926,9 +1000,66 @@ def test_plan_stall_pauses_after_the_given_event() -> None:
     ]
 
 
+def test_plan_stall_with_keepalive_interleaves_keepalive_writes() -> None:
+    stall = Fault.stall(0.25, after_events=1, keepalive=0.1)
+    steps = plan_stream(FRAMES[:2], stall, keepalive=Frame(b"K"))
+    assert [getattr(s, "data", getattr(s, "seconds", None)) for s in steps] == [
+        b"a",
+        0.1,
+        b"K",
+        0.1,
+        b"K",
+        pytest.approx(0.05),
+        b"bb",
+    ]
+
+
 def test_plan_error_event_replaces_the_rest_of_the_stream() -> None:
     steps = plan_stream(FRAMES, Fault.error_event(after_events=1), extra=Frame(b"ERR"))
     assert writes(steps) == [b"a", b"ERR"]
+
+
+def test_server_public_names_are_exported_from_testing() -> None:
+    import awaken_langchain.testing as testing
+    import awaken_langchain.testing.server as module
+
+    assert sorted(module.__all__) == [
+        "DEFAULT_SHAPE_RULES",
+        "Fault",
+        "FaultKind",
+        "LoopbackProvider",
+        "NO_ASSISTANT_PREFILL",
+        "Provider",
+        "RecordedRequest",
+        "Responder",
+        "Scenario",
+        "ScriptedToolCall",
+        "ShapeRule",
+        "TokenUsage",
+        "echo_responder",
+        "periodic_fault",
+    ]
+    for name in module.__all__:
+        assert name in testing.__all__
+        assert getattr(testing, name) is getattr(module, name)
+
+
+def test_testing_package_imports_server_names_in_a_fresh_process() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    source = (
+        "from awaken_langchain.testing import LoopbackProvider, ScriptedChatModel\n"
+        "import awaken_langchain.testing as testing\n"
+        "assert testing.Scenario is not None\n"
+        "try:\n"
+        "    testing.NoSuchName\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "has no attribute 'NoSuchName'" in done.stdout
 
 
 def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> None:

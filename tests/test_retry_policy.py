@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import email.utils
 from collections.abc import Generator, Iterator, Sequence
@@ -235,6 +236,24 @@ def test_deadline_stops_retries_before_a_wait_that_would_pass_it() -> None:
     assert caught.value is failures[1]
 
 
+def test_deadline_counts_from_the_start_of_the_turn() -> None:
+    fake = FakeTime()
+    fake.now = 100.0
+    retry_policy = policy(fake, deadline=5.0)
+    calls = 0
+
+    def turn() -> None:
+        nonlocal calls
+        for attempt in retry_policy.retrying(started_at=95.2):  # 4.8 s of the turn are gone
+            with attempt:
+                calls += 1
+                raise status_error(500)
+
+    with pytest.raises(anthropic.InternalServerError):
+        turn()
+    assert (calls, fake.sleeps) == (1, [])  # waiting 0.5 s would end past the deadline
+
+
 def test_message_saying_rate_limit_without_structure_is_not_retried() -> None:
     fake = FakeTime()
     with pytest.raises(RuntimeError):
@@ -331,12 +350,15 @@ def test_cancellation_propagates_through_retrying_untouched(cancel: type[BaseExc
     assert fake.sleeps == []
 
 
-def test_classifier_cannot_make_cancellation_retryable() -> None:
+def test_hooks_cannot_make_cancellation_retryable() -> None:
     retry_policy = RetryPolicy(
-        classifier=lambda exc: ErrorInfo(kind=ErrorKind.SERVER, retryable=True)
+        classifier=lambda exc: ErrorInfo(kind=ErrorKind.SERVER, retryable=True),
+        retry_on=BaseException,
     )
-    assert not retry_policy.is_retryable(KeyboardInterrupt())
     assert retry_policy.is_retryable(ValueError())
+    for cancel in (KeyboardInterrupt(), concurrent.futures.CancelledError()):
+        assert retry_policy.classify(cancel).kind is ErrorKind.CANCELLED
+        assert not retry_policy.is_retryable(cancel)
 
 
 def test_closing_a_generator_mid_attempt_is_not_retried() -> None:

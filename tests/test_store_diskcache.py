@@ -144,3 +144,46 @@ def test_unopenable_directory_is_a_store_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(StreamCheckpointError, match="open failed"):
         DiskCacheStreamCheckpointStore(blocker / "cache")
+
+
+def test_damaged_database_is_a_store_error(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    DiskCacheStreamCheckpointStore(directory).close()
+    for path in directory.glob("cache.db*"):
+        path.write_bytes(b"this is not an SQLite database" * 100)
+    with pytest.raises(StreamCheckpointError, match="DatabaseError"):
+        DiskCacheStreamCheckpointStore(directory)
+
+
+def test_delete_and_gc_leave_only_epoch_counters(tmp_path: Path) -> None:
+    now = [1000.0]
+    directory = tmp_path / "cache"
+    with DiskCacheStreamCheckpointStore(directory, ttl=10, clock=lambda: now[0]) as store:
+        for run_id in ("deleted", "expired"):
+            epoch = store.claim(run_id)
+            text = ""
+            for _ in range(40):
+                text += "token "
+                store.put(StreamCheckpoint(run_id=run_id, partial_text=text, epoch=epoch))
+        store.delete("deleted")
+        now[0] += 11
+        assert store.gc() == 1
+    with diskcache.Cache(str(directory)) as raw:
+        keys = sorted(raw.iterkeys())
+    assert keys == [b"e\x00deleted", b"e\x00expired"]
+
+
+def test_lock_held_too_long_names_the_timeout_setting(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    with (
+        DiskCacheStreamCheckpointStore(directory, timeout=0.05) as store,
+        diskcache.Cache(str(directory)) as other,
+    ):
+        other._sql("BEGIN IMMEDIATE")  # another process holding the write lock
+        try:
+            with pytest.raises(StreamCheckpointError, match=r"timeout=0.05 s") as caught:
+                store.claim("run-1")
+            assert caught.value.run_id == "run-1"
+        finally:
+            other._sql("ROLLBACK")
+        assert store.claim("run-1") == 1

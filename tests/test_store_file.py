@@ -76,7 +76,7 @@ def test_appends_write_one_small_frame(tmp_path: Path) -> None:
 
 
 def test_log_is_compacted_when_it_outgrows_its_content(tmp_path: Path) -> None:
-    with FileStreamCheckpointStore(tmp_path) as store:
+    with FileStreamCheckpointStore(tmp_path, fsync=False) as store:  # layout only: fast
         text = ""
         for _ in range(2_000):
             text += "y" * 16
@@ -104,3 +104,50 @@ def test_rewrite_replaces_the_log(tmp_path: Path) -> None:
         log = log_of(tmp_path).read_bytes()
         assert b"other text" in log
         assert b"first text" not in log
+
+
+def test_backend_failure_is_a_store_error_naming_run_and_cause(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    with FileStreamCheckpointStore(directory) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="text"))
+        for path in directory.iterdir():
+            path.unlink()
+        directory.rmdir()
+        with pytest.raises(StreamCheckpointError, match="FileNotFoundError") as caught:
+            store.put(StreamCheckpoint(run_id="run-1", partial_text="other"))
+        assert caught.value.run_id == "run-1"
+        assert isinstance(caught.value.cause, FileNotFoundError)
+
+
+def test_delete_and_gc_leave_only_epoch_files(tmp_path: Path) -> None:
+    now = [1000.0]
+    with FileStreamCheckpointStore(tmp_path, ttl=10, clock=lambda: now[0]) as store:
+        for run_id in ("deleted", "expired"):
+            epoch = store.claim(run_id)
+            store.put(StreamCheckpoint(run_id=run_id, partial_text="a", epoch=epoch))
+            store.put(StreamCheckpoint(run_id=run_id, partial_text="ab", epoch=epoch))
+        store.delete("deleted")
+        now[0] += 11
+        assert store.gc() == 1
+    suffixes = sorted(path.suffix or path.name for path in tmp_path.iterdir())
+    assert suffixes == [".epoch", ".epoch", ".lock"]
+
+
+def test_forked_child_takes_its_own_lock(tmp_path: Path) -> None:
+    import os
+
+    with FileStreamCheckpointStore(tmp_path) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="parent"))
+        pid = os.fork()
+        if pid == 0:  # child: write through the inherited store, then exit
+            code = 1
+            try:
+                store.put(StreamCheckpoint(run_id="run-2", partial_text="child"))
+                code = 0 if store._lock_pid == os.getpid() else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        got = store.get("run-2")
+        assert got is not None
+        assert got.partial_text == "child"

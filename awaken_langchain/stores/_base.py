@@ -6,8 +6,8 @@ A checkpoint is persisted as two parts:
   encoded length of the text, a ``write_id`` naming the write that produced the
   stored state, and backend layout details (``extra``);
 - the **text**: ``partial_text`` encoded as UTF-8 (lone surrogates kept), stored
-  so that it can be extended in place (appended segments, an append-only file,
-  a Redis ``APPEND``).
+  so that it can be extended in place (diskcache segments, frames of an
+  append-only log file, a Redis ``APPEND``).
 
 A streamed turn grows its text by a few characters per put. The store remembers,
 per run, the text and ``write_id`` it last wrote or read. When a new put's text
@@ -58,7 +58,10 @@ TEXT_ENCODING = "utf-8"
 TEXT_ERRORS = "surrogatepass"
 
 MEMO_LIMIT = 256
-"""How many runs' last written text a store instance remembers for delta writes."""
+"""How many runs' last written text a store instance remembers for delta writes.
+
+The remembered text is the caller's own ``partial_text`` string (no copy); an
+entry is dropped when its run is deleted or when more runs are written."""
 
 
 def encode_text(text: str) -> bytes:
@@ -122,7 +125,7 @@ class Head:
         fields: The checkpoint's JSON fields except ``partial_text``.
         text_bytes: Length of the encoded text, in bytes.
         write_id: Random token naming the write that produced this state.
-        extra: Backend layout details (segment sizes, text file name, ...).
+        extra: Backend layout details (diskcache's segment sizes, ...).
     """
 
     run_id: str

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     ) -> None:
         super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
         self.directory = Path(directory)
+        self.timeout = timeout
         with self._backend_errors("open", None):
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.directory, 0o700)
@@ -117,6 +119,20 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     def close(self) -> None:
         """Close the cache's database connection."""
         self._cache.close()
+
+    @contextlib.contextmanager
+    def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
+        with super()._backend_errors(action, run_id):
+            try:
+                yield
+            except diskcache.Timeout as exc:
+                raise StreamCheckpointError(
+                    f"{action} waited more than timeout={self.timeout:g} s for another "
+                    f"process's transaction on {self.directory}; raise "
+                    "DiskCacheStreamCheckpointStore(timeout=...) or reduce the writers",
+                    run_id=run_id,
+                    cause=exc,
+                ) from exc
 
     # -- keys -----------------------------------------------------------------
 

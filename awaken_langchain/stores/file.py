@@ -142,11 +142,17 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         self._fsync = fsync
         self._thread_lock = threading.RLock()
         self._lock_fd: int | None = None
+        self._lock_pid = 0
         self._cursors: OrderedDict[str, _Cursor] = OrderedDict()
         with self._backend_errors("open", None):
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self.directory, 0o700)
-            self._lock_fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+            self._open_lock()
+
+    def _open_lock(self) -> None:
+        # flock() excludes open file descriptions, so a forked child opens its own.
+        self._lock_fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_pid = os.getpid()
 
     def close(self) -> None:
         """Release the lock file descriptor."""
@@ -169,6 +175,11 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         with self._thread_lock:
             if self._lock_fd is None:
                 raise RuntimeError("the store is closed")
+            if self._lock_pid != os.getpid():
+                os.close(self._lock_fd)
+                self._cursors.clear()
+                self._open_lock()
+            assert self._lock_fd is not None
             if fcntl is not None:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
             try:

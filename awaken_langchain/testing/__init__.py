@@ -7,6 +7,9 @@
   exceptions and stalls, recording every call.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from awaken_langchain.testing.scripted import (
     RecordedCall,
     ScriptedChatModel,
@@ -15,22 +18,35 @@ from awaken_langchain.testing.scripted import (
     text,
     tool_call,
 )
-from awaken_langchain.testing.server import (
-    DEFAULT_SHAPE_RULES,
-    NO_ASSISTANT_PREFILL,
-    Fault,
-    FaultKind,
-    LoopbackProvider,
-    Provider,
-    RecordedRequest,
-    Responder,
-    Scenario,
-    ScriptedToolCall,
-    ShapeRule,
-    TokenUsage,
-    echo_responder,
-    periodic_fault,
-)
+
+if TYPE_CHECKING:
+    from awaken_langchain.testing.server import (
+        DEFAULT_SHAPE_RULES,
+        NO_ASSISTANT_PREFILL,
+        Fault,
+        FaultKind,
+        LoopbackProvider,
+        Provider,
+        RecordedRequest,
+        Responder,
+        Scenario,
+        ScriptedToolCall,
+        ShapeRule,
+        TokenUsage,
+        echo_responder,
+        periodic_fault,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    # The server module is imported on first use, so that
+    # ``python -m awaken_langchain.testing.server`` runs it without a second copy.
+    if not name.startswith("__"):
+        server = importlib.import_module("awaken_langchain.testing.server")
+        if name in server.__all__:
+            return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_SHAPE_RULES",

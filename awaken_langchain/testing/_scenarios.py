@@ -109,6 +109,7 @@ class Fault:
         code: OpenAI error ``code`` (for example ``context_length_exceeded``).
         count: Events or bytes sent before the fault (meaning depends on kind).
         seconds: Stall length for :attr:`FaultKind.STALL`.
+        keepalive: Seconds between keep-alive events during a stall, if any.
         headers: Extra response headers (``retry-after``, ``x-should-retry``...).
         reset: Close a dropped connection with a TCP reset instead of a FIN.
     """
@@ -120,6 +121,7 @@ class Fault:
     code: str | None = None
     count: int | None = None
     seconds: float = 0.0
+    keepalive: float | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     reset: bool = False
 
@@ -263,7 +265,8 @@ class Fault:
 
         Streams use chunked transfer encoding, so the client sees an incomplete
         body (``RemoteProtocolError``: peer closed connection without sending
-        complete message body), never a clean end.
+        complete message body), never a clean end. A non-streamed body is cut
+        after ``min(count, length - 1)`` bytes, so it is always incomplete.
 
         Args:
             count: Body bytes sent before the drop (SSE text, not chunk framing).
@@ -343,21 +346,31 @@ class Fault:
         return cls(FaultKind.NO_TERMINAL_EVENT, count=after_events)
 
     @classmethod
-    def stall(cls, seconds: float, *, after_events: int = 1) -> Fault:
+    def stall(
+        cls, seconds: float, *, after_events: int = 1, keepalive: float | None = None
+    ) -> Fault:
         """Pause ``seconds`` after ``after_events`` events, then send the rest.
 
         The pause ends early when the server shuts down. A client read timeout
         shorter than the stall surfaces as ``ReadTimeout``/``APITimeoutError``.
-        A non-streamed response stalls before its headers.
+        With ``keepalive``, the server keeps the connection busy during the
+        pause (Anthropic ``ping`` events, SSE ``: keep-alive`` comments for
+        OpenAI): the SDKs skip them, so no chunk arrives and no read timeout
+        fires, which is the stall only an idle timeout on chunks can catch.
+        A non-streamed response stalls before its headers (without keep-alives).
 
         Args:
             seconds: Length of the pause.
             after_events: Events sent before the pause.
+            keepalive: Seconds between keep-alives during the pause; ``None``
+                sends nothing.
 
         Returns:
             The fault.
         """
-        return cls(FaultKind.STALL, count=after_events, seconds=seconds)
+        if keepalive is not None and keepalive <= 0:
+            raise ValueError(f"stall keepalive must be > 0 seconds, got {keepalive}")
+        return cls(FaultKind.STALL, count=after_events, seconds=seconds, keepalive=keepalive)
 
     @classmethod
     def malformed_sse(cls, *, after_events: int = 1) -> Fault:

@@ -238,6 +238,15 @@ def _openai_tool_message_follows_call(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _openai_assistant_has_content(body: Mapping[str, Any]) -> str | None:
+    for i, message in enumerate(_messages(body)):
+        if message.get("role") != "assistant" or message.get("tool_calls"):
+            continue
+        if message.get("content") is None:
+            return f"Invalid value for 'messages[{i}].content': expected a string, got null."
+    return None
+
+
 def _openai_stream_options(body: Mapping[str, Any]) -> str | None:
     if body.get("stream_options") is not None and not body.get("stream"):
         return "The 'stream_options' parameter is only allowed when 'stream' is enabled."
@@ -310,6 +319,12 @@ DEFAULT_SHAPE_RULES: tuple[ShapeRule, ...] = (
         "openai",
         "A 'tool' message answers a `tool_call_id` of the preceding assistant message.",
         _openai_tool_message_follows_call,
+    ),
+    ShapeRule(
+        "openai.assistant_has_content",
+        "openai",
+        "An assistant message without `tool_calls` has non-null `content`.",
+        _openai_assistant_has_content,
     ),
     ShapeRule(
         "openai.stream_options_needs_stream",

@@ -193,6 +193,13 @@ def error_frame(provider: Provider, body: dict[str, Any]) -> Frame:
     return _event_frame("error", body)
 
 
+def keepalive_frame(provider: Provider) -> Frame:
+    """What a provider sends to keep an idle stream open: SDKs skip it."""
+    if provider == "openai":
+        return Frame(b": keep-alive\n\n")
+    return _event_frame("ping", {"type": "ping"})
+
+
 def malformed_frame(provider: Provider) -> Frame:
     """An SSE event whose data is cut-off JSON."""
     if provider == "openai":

@@ -56,6 +56,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -85,6 +86,7 @@ from awaken_langchain.testing._wire import (
     error_body,
     error_frame,
     estimate_usage,
+    keepalive_frame,
     malformed_frame,
     openai_completion,
     openai_frames,
@@ -132,6 +134,8 @@ class RecordedRequest:
         scenario: The scenario that answered, or ``None`` when the request was
             rejected (unknown path, invalid JSON, shape rule).
         rejected_by: The name of the shape rule the request broke, if any.
+        received_at: ``time.monotonic()`` when the request was read, so tests
+            can measure the wait between a failure and its retry.
     """
 
     number: int
@@ -144,6 +148,7 @@ class RecordedRequest:
     provider: Provider | None
     scenario: Scenario | None = None
     rejected_by: str | None = None
+    received_at: float = 0.0
 
     @property
     def stream(self) -> bool:
@@ -461,17 +466,13 @@ class _HTTPServer(ThreadingHTTPServer):
         super().__init__(address, handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        """Log a client that went away at debug level, anything else as an error.
-
-        A client that drops a keep-alive connection (or is killed) makes the
-        handler's read fail with ``ConnectionResetError``; that is not a server
-        error and must not print a traceback on the terminal.
-        """
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError):
-            logger.debug("client %s went away: %r", client_address, exc)
-            return
-        logger.error("error handling a request from %s", client_address, exc_info=exc)
+        """Log a failed connection instead of printing a traceback to stderr."""
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            # Clients reset pooled connections and abandon streams: that is normal here.
+            logger.debug("connection from %s ended: %r", client_address, error)
+        else:
+            logger.error("error answering %s", client_address, exc_info=error)
 
 
 @dataclass(frozen=True)
@@ -498,6 +499,7 @@ def plan_stream(
     *,
     delay: float = 0.0,
     extra: Frame | None = None,
+    keepalive: Frame | None = None,
 ) -> list[_Step]:
     """Turn rendered SSE frames and a fault into the exact steps sent on the wire.
 
@@ -506,6 +508,7 @@ def plan_stream(
         fault: The fault to apply, if any.
         delay: Seconds to pause between events.
         extra: The error or malformed frame for ``ERROR_EVENT``/``MALFORMED_SSE``.
+        keepalive: The frame sent during a stall with ``Fault.keepalive`` set.
 
     Returns:
         Body writes, pauses and at most one final drop. A plan without a drop
@@ -536,16 +539,31 @@ def plan_stream(
             sent = list(frames[:count])
     else:
         sent = list(frames)
+    stall = _stall_steps(fault, keepalive) if kind is FaultKind.STALL else []
     steps: list[_Step] = []
     for i, frame in enumerate(sent):
         if i and delay:
             steps.append(_Pause(delay))
-        if kind is FaultKind.STALL and fault is not None and i == count:
-            steps.append(_Pause(fault.seconds))
+        if i == count:
+            steps.extend(stall)
         steps.append(_Write(frame.data))
-    if kind is FaultKind.STALL and fault is not None and count >= len(sent):
-        steps.append(_Pause(fault.seconds))
+    if count >= len(sent):
+        steps.extend(stall)
     return steps + tail
+
+
+def _stall_steps(fault: Fault | None, keepalive: Frame | None) -> list[_Step]:
+    """A stall's pause, split by keep-alive writes when the fault asks for them."""
+    if fault is None:
+        return []
+    if fault.keepalive is None or keepalive is None:
+        return [_Pause(fault.seconds)]
+    steps: list[_Step] = []
+    remaining = fault.seconds
+    while remaining > fault.keepalive:
+        steps += [_Pause(fault.keepalive), _Write(keepalive.data)]
+        remaining -= fault.keepalive
+    return [*steps, _Pause(remaining)]
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -599,6 +617,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raw_body=raw,
                 body=body,
                 provider=provider,
+                received_at=time.monotonic(),
             )
         )
         request_id = f"req_loopback_{request.number}"
@@ -678,7 +697,9 @@ class _Handler(BaseHTTPRequestHandler):
             )
         elif fault is not None and fault.kind is FaultKind.MALFORMED_SSE:
             extra = malformed_frame(provider)
-        steps = plan_stream(frames, fault, delay=scenario.delay, extra=extra)
+        steps = plan_stream(
+            frames, fault, delay=scenario.delay, extra=extra, keepalive=keepalive_frame(provider)
+        )
 
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")

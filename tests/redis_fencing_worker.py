@@ -1,0 +1,134 @@
+"""One process of the multi-host fencing test (run by tests/test_redis_store.py).
+
+The process drives every one of the shared runs at once: it claims a run, then
+repeatedly reads the stored text and writes it back with one more segment
+``<epoch.worker.round.step>``. Other processes claim the same runs at random
+times, so this process keeps writing with epochs that have gone stale: those
+writes must be refused. Because every accepted write extends the text it read,
+the final text is the history of every write that landed.
+
+Usage: ``python redis_fencing_worker.py URL PREFIX WORKER WORKERS RUNS ROUNDS MODE``
+where MODE is ``async`` (one task per run on redis.asyncio) or ``threads`` (the
+sync API from a thread pool). The workers start together (a barrier on a Redis
+counter), so their claims overlap. Prints one JSON object: claims, accepted and
+fenced writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import redis
+
+from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.errors import StreamCheckpointFencedError
+from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.claims: list[list[Any]] = []
+        self.accepted: list[list[Any]] = []
+        self.fenced = 0
+
+    def dump(self) -> str:
+        return json.dumps({"claims": self.claims, "accepted": self.accepted, "fenced": self.fenced})
+
+
+def segment(epoch: int, worker: int, round_: int, step: int) -> str:
+    return f"<{epoch}.{worker}.{round_}.{step}>"
+
+
+async def drive_async(
+    store: RedisStreamCheckpointStore,
+    run_id: str,
+    worker: int,
+    rounds: int,
+    rng: random.Random,
+    log: Log,
+) -> None:
+    for round_ in range(rounds):
+        epoch = await store.aclaim(run_id)
+        log.claims.append([run_id, epoch])
+        for step in range(rng.randint(1, 3)):
+            current = await store.aget(run_id)
+            text = (current.partial_text if current else "") + segment(epoch, worker, round_, step)
+            try:
+                await store.aput(StreamCheckpoint(run_id=run_id, partial_text=text, epoch=epoch))
+            except StreamCheckpointFencedError:
+                log.fenced += 1  # keep writing like a zombie that has not noticed
+            else:
+                log.accepted.append([run_id, segment(epoch, worker, round_, step)])
+            await asyncio.sleep(rng.random() * 0.002)
+
+
+def drive_sync(
+    store: RedisStreamCheckpointStore,
+    run_id: str,
+    worker: int,
+    rounds: int,
+    seed: int,
+    log: Log,
+) -> None:
+    rng = random.Random(seed)
+    for round_ in range(rounds):
+        epoch = store.claim(run_id)
+        with log.lock:
+            log.claims.append([run_id, epoch])
+        for step in range(rng.randint(1, 3)):
+            current = store.get(run_id)
+            text = (current.partial_text if current else "") + segment(epoch, worker, round_, step)
+            try:
+                store.put(StreamCheckpoint(run_id=run_id, partial_text=text, epoch=epoch))
+            except StreamCheckpointFencedError:
+                with log.lock:
+                    log.fenced += 1
+            else:
+                with log.lock:
+                    log.accepted.append([run_id, segment(epoch, worker, round_, step)])
+
+
+async def main_async(store: RedisStreamCheckpointStore, worker: int, runs: int, rounds: int) -> Log:
+    log = Log()
+    await asyncio.gather(
+        *(
+            drive_async(store, f"run-{i}", worker, rounds, random.Random(worker * 1000 + i), log)
+            for i in range(runs)
+        )
+    )
+    await store.aclose()
+    return log
+
+
+def main() -> None:
+    url, prefix, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:8]
+    worker, runs, rounds = int(worker_s), int(runs_s), int(rounds_s)
+    store = RedisStreamCheckpointStore(url, prefix=prefix)
+    with redis.Redis.from_url(url) as barrier:
+        barrier.incr(f"{prefix}:ready")
+        while int(barrier.get(f"{prefix}:ready") or 0) < int(workers_s):
+            time.sleep(0.005)
+    if mode == "async":
+        log = asyncio.run(main_async(store, worker, runs, rounds))
+    else:
+        log = Log()
+        with ThreadPoolExecutor(max_workers=16) as pool:
+            for future in [
+                pool.submit(drive_sync, store, f"run-{i}", worker, rounds, worker * 1000 + i, log)
+                for i in range(runs)
+            ]:
+                future.result()
+    store.close()
+    print(log.dump())
+
+
+if __name__ == "__main__":
+    main()

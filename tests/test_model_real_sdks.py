@@ -1,0 +1,363 @@
+"""The fault matrix: RecoveringChatModel around the real ChatOpenAI and ChatAnthropic.
+
+Both integrations talk to the loopback provider server through the official
+SDKs (``max_retries=0``, so only the wrapper retries). Tests assert what the
+caller saw, what the provider received, and what was retried.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from pydantic import BaseModel
+
+from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamInterruptedError
+from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
+from awaken_langchain.testing import (
+    Fault,
+    LoopbackProvider,
+    RecordedRequest,
+    Scenario,
+    ScriptedToolCall,
+)
+
+# one event loop for the module: the SDKs' async clients are shared between tests
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
+PROVIDERS = ["openai", "anthropic"]
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(b.get("text", "") for b in content if isinstance(b, dict))
+
+
+def continuing(full: str) -> Any:
+    """A responder that behaves like a model asked to continue: it resumes after the prefix."""
+
+    def respond(request: RecordedRequest) -> Scenario:
+        messages = request.messages
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            prefix = _text_of(messages[-2].get("content"))
+            return Scenario(text=full[len(prefix) :])
+        return Scenario(text=full)
+
+    return respond
+
+
+class Sleeps:
+    """Records the waits the policy asked for instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+@pytest.fixture(scope="module")
+def shared_server() -> Iterator[LoopbackProvider]:
+    with LoopbackProvider() as provider:
+        yield provider
+
+
+@pytest.fixture
+def server(shared_server: LoopbackProvider) -> LoopbackProvider:
+    """One server per module (clients are costly to build), reset for each test."""
+    shared_server.reset()
+    shared_server.default = continuing(ANSWER)
+    return shared_server
+
+
+_INNER: dict[tuple[str, int], BaseChatModel] = {}
+
+
+def inner_model(provider: str, server: LoopbackProvider) -> BaseChatModel:
+    key = (provider, server.port)
+    if key not in _INNER:
+        _INNER[key] = _build_inner(provider, server)
+    return _INNER[key]
+
+
+def _build_inner(provider: str, server: LoopbackProvider) -> BaseChatModel:
+    if provider == "openai":
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+    from langchain_anthropic import ChatAnthropic
+
+    return ChatAnthropic(  # type: ignore[call-arg]
+        model="claude-loopback", base_url=server.base_url_anthropic, api_key="x", max_retries=0
+    )
+
+
+def wrapper(
+    provider: str, server: LoopbackProvider, sleeps: Sleeps, **settings: Any
+) -> RecoveringChatModel:
+    policy = RetryPolicy(sleep=sleeps, async_sleep=sleeps.asleep, **settings.pop("policy", {}))
+    return RecoveringChatModel(model=inner_model(provider, server), retry_policy=policy, **settings)
+
+
+async def run(model: Any, mode: str, prompt: Any = "Tell me about the fox") -> list[AIMessageChunk]:
+    if mode == "sync":
+        return list(model.stream(prompt))
+    return [chunk async for chunk in model.astream(prompt)]
+
+
+def joined(chunks: list[AIMessageChunk]) -> str:
+    return "".join(_text_of(c.content) for c in chunks)
+
+
+def final(chunks: list[AIMessageChunk]) -> AIMessage:
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total = total + chunk
+    return AIMessage(**total.model_dump(exclude={"type", "tool_call_chunks", "chunk_position"}))
+
+
+@pytest.fixture(params=PROVIDERS)
+def provider(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["sync", "async"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+# -- before output ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault.rate_limited(retry_after=3),
+        Fault.overloaded(),
+        Fault.server_error(500),
+        Fault.server_error(502),
+        Fault.server_error(503),
+        Fault.drop_before_headers(),
+    ],
+    ids=["429", "529", "500", "502", "503", "drop-before-headers"],
+)
+async def test_retryable_failure_before_output_is_retried_invisibly(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, fault: Fault
+) -> None:
+    server.enqueue(Scenario(fault=fault))
+    chunks = await run(wrapper(provider, server, sleeps), mode)
+    assert joined(chunks) == ANSWER
+    assert len(server.requests) == 2
+    assert server.requests[0].messages == server.requests[1].messages
+    assert final(chunks).response_metadata["awaken"]["plans"] == ["R4"]
+
+
+async def test_retry_after_hint_is_honoured_and_capped(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(Scenario(fault=Fault.rate_limited(retry_after=3600)))
+    await run(wrapper(provider, server, sleeps), mode)
+    assert sleeps.waits == [60.0]
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault.http_error(400),
+        Fault.http_error(401),
+        Fault.http_error(403),
+        Fault.http_error(404),
+        Fault.http_error(413),
+        Fault.context_overflow(),
+    ],
+    ids=["400", "401", "403", "404", "413", "context-overflow"],
+)
+async def test_permanent_error_is_raised_as_the_provider_raised_it_after_one_request(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, fault: Fault
+) -> None:
+    server.enqueue(Scenario(fault=fault))
+    with pytest.raises(Exception) as raised:
+        await run(wrapper(provider, server, sleeps), mode)
+    assert type(raised.value).__module__.split(".")[0] in {
+        "openai",
+        "anthropic",
+        "langchain_openai",
+        "langchain_anthropic",
+    }
+    assert not isinstance(raised.value, StreamInterruptedError)
+    assert len(server.requests) == 1
+    assert sleeps.waits == []
+
+
+# -- after output -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        Fault.drop_after_events(6),
+        Fault.drop_after_bytes(700),
+        Fault.error_event(after_events=6),
+        Fault.no_terminal_event(after_events=6),
+        Fault.malformed_sse(after_events=6),
+    ],
+    ids=["drop-events", "drop-bytes", "sse-error-event", "no-terminal-event", "malformed-sse"],
+)
+async def test_interruption_after_output_is_continued_without_repeating_text(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, fault: Fault
+) -> None:
+    server.enqueue(Scenario(text=ANSWER, fault=fault))
+    chunks = await run(wrapper(provider, server, sleeps), mode)
+    assert joined(chunks) == ANSWER
+    assert len(server.requests) == 2
+    continuation = server.requests[1].messages
+    assert continuation[-1]["role"] == "user"
+    assert DEFAULT_CONTINUATION_PROMPT in json.dumps(continuation[-1])
+    prefix = _text_of(continuation[-2]["content"])
+    assert prefix
+    assert ANSWER.startswith(prefix)
+    assert prefix == prefix.rstrip()
+    awaken = final(chunks).response_metadata["awaken"]
+    assert awaken["plans"] == ["R1"]
+    assert DEFAULT_CONTINUATION_PROMPT not in joined(chunks)
+
+
+async def test_stalled_stream_is_continued(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(Scenario(text=ANSWER, fault=Fault.stall(5.0, after_events=6)))
+    model = wrapper(provider, server, sleeps, stream_idle_timeout=0.3)
+    chunks = await run(model, mode)
+    assert joined(chunks) == ANSWER
+    assert final(chunks).response_metadata["awaken"]["interruptions"][0]["kind"] == "timeout"
+
+
+async def test_several_interruptions_in_one_turn(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(Scenario(text=ANSWER, fault=Fault.drop_after_events(5)))
+    model = wrapper(provider, server, sleeps)
+
+    answered = []
+
+    def second(request: RecordedRequest) -> Scenario:
+        scenario = continuing(ANSWER)(request)
+        answered.append(request)
+        if len(answered) == 1:
+            return Scenario(text=scenario.text, fault=Fault.drop_after_events(6))
+        return scenario
+
+    server.default = second
+    chunks_seen: list[AIMessageChunk] = await run(model, mode)
+    assert joined(chunks_seen) == ANSWER
+    assert len(server.requests) == 3
+    assert final(chunks_seen).response_metadata["awaken"]["continuations"] == 2
+
+
+async def test_exhausted_recovery_raises_with_the_partial_answer(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.default = Scenario(text=ANSWER, fault=Fault.drop_after_events(5))
+    model = wrapper(provider, server, sleeps, policy={"max_continuations": 1})
+    with pytest.raises(StreamInterruptedError) as raised:
+        await run(model, mode)
+    assert raised.value.partial is not None
+    assert ANSWER.startswith(_text_of(raised.value.partial.content)[:10])
+    assert len(server.requests) == 2
+
+
+# -- tool calls --------------------------------------------------------------------------
+
+
+def transfer(to: str, amount: int, confirm: bool = False) -> str:
+    """Transfer money."""
+    return f"sent {amount} to {to}"
+
+
+ARGS = {"to": "alice", "amount": 100, "confirm": True}
+
+
+async def test_cut_off_tool_call_after_text_is_dropped_and_reissued(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    cut = Scenario(
+        text="Sending now.",
+        tool_calls=[ScriptedToolCall("transfer", ARGS, id="call_1")],
+        chunk_size=3,
+        fault=Fault.drop_after_events(12),
+    )
+    retry = Scenario(tool_calls=[ScriptedToolCall("transfer", ARGS, id="call_2")])
+    server.enqueue(cut, retry)
+    model = wrapper(provider, server, sleeps).bind_tools([transfer])
+    chunks = await run(model, mode)
+    message = final(chunks)
+    assert [(c["id"], c["args"]) for c in message.tool_calls] == [("call_2", ARGS)]
+    assert message.invalid_tool_calls == []
+    assert joined(chunks) == "Sending now."
+    for chunk in chunks:
+        for piece in chunk.tool_call_chunks:
+            assert json.loads(piece["args"]) == ARGS  # only whole calls were yielded
+
+
+async def test_complete_tool_calls_finish_the_turn_when_a_later_call_is_cut_off(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    calls = [
+        ScriptedToolCall("transfer", {"to": "bob", "amount": 5, "confirm": True}, id="call_a"),
+        ScriptedToolCall("transfer", ARGS, id="call_b"),
+    ]
+    server.enqueue(Scenario(tool_calls=calls, chunk_size=4, fault=Fault.drop_after_events(14)))
+    model = wrapper(provider, server, sleeps).bind_tools([transfer])
+    message = final(await run(model, mode))
+    assert [c["id"] for c in message.tool_calls] == ["call_a"]
+    assert [c["id"] for c in message.invalid_tool_calls] == ["call_b"]
+    assert len(server.requests) == 1
+
+
+async def test_invoke_goes_through_the_same_recovery(
+    provider: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(Scenario(text=ANSWER, fault=Fault.drop_after_events(6)))
+    model = wrapper(provider, server, sleeps)
+    message = await model.ainvoke([HumanMessage("Tell me about the fox")])
+    assert message.content == ANSWER
+    assert message.response_metadata["awaken"]["plans"] == ["R1"]
+
+
+class Answer(BaseModel):
+    """An answer."""
+
+    value: int
+
+
+async def test_structured_output_keeps_the_wrapper_and_recovers(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    if provider == "openai":
+        good = Scenario(text='{"value": 42}')
+    else:
+        good = Scenario(tool_calls=[ScriptedToolCall("Answer", {"value": 42}, id="toolu_1")])
+    server.enqueue(Scenario(fault=Fault.overloaded()), good)
+    structured = wrapper(provider, server, sleeps).with_structured_output(Answer)
+    if mode == "sync":
+        result = structured.invoke("the answer")
+    else:
+        result = await structured.ainvoke("the answer")
+    assert result == Answer(value=42)
+    assert len(server.requests) == 2

@@ -1,0 +1,607 @@
+"""Redis-specific behaviour of RedisStreamCheckpointStore, against a real redis-server.
+
+The contract itself (fencing, TTL, deltas, bad input) is checked for every store
+by tests/test_store_conformance.py; this file covers what only Redis has: key
+layout, server-side expiry, a server that dies, authentication, and fencing
+between several processes racing on the same runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+from tests.conftest import FakeClock
+from tests.redis_server import RedisServer, redis_server_binary, unique_prefix
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "redis_fencing_worker.py"
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def raw(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(redis_server: RedisServer) -> Iterator[RedisStreamCheckpointStore]:
+    with RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix()) as store:
+        yield store
+
+
+@pytest.fixture
+def own_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A server this test may kill and restart."""
+    server = RedisServer(tmp_path / "redis", appendonly=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+def checkpoint(run_id: str = "run-1", text: str = "", epoch: int = 0) -> StreamCheckpoint:
+    return StreamCheckpoint(run_id=run_id, partial_text=text, epoch=epoch, model="m")
+
+
+# -- key layout ------------------------------------------------------------------
+
+
+def test_every_key_lives_under_the_prefix(
+    store: RedisStreamCheckpointStore, raw: redis.Redis
+) -> None:
+    store.put(checkpoint("run-1", "hello"))
+    store.claim("run-2")
+    store.put(checkpoint("run-2", "world", epoch=1))
+
+    keys = sorted(raw.scan_iter(match=f"{store.prefix}*"))
+    expected = [f"{store.prefix}:{{run-2}}:epoch"] + [
+        f"{store.prefix}:{{{run}}}:{part}"
+        for run in ("run-1", "run-2")
+        for part in ("head", "text")
+    ]
+    assert keys == sorted(key.encode() for key in expected)
+
+
+def test_stores_with_different_prefixes_do_not_see_each_other(
+    redis_server: RedisServer,
+) -> None:
+    with (
+        RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix()) as first,
+        RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix()) as second,
+    ):
+        first.put(checkpoint("shared", "mine"))
+        assert second.get("shared") is None
+        assert second.list_run_ids() == []
+        assert first.claim("shared") == 1
+        assert second.claim("shared") == 1
+
+
+def test_run_ids_with_pattern_and_brace_characters_are_listed_exactly(
+    store: RedisStreamCheckpointStore,
+) -> None:
+    run_ids = ["a*b", "x}:head", "{tag}", "q?[z]\\", "ü-日本", "../../etc"]
+    for run_id in run_ids:
+        store.put(checkpoint(run_id, run_id))
+
+    assert store.list_run_ids() == sorted(run_ids)
+    for run_id in run_ids:
+        found = store.get(run_id)
+        assert found is not None
+        assert found.partial_text == run_id
+
+
+def test_prefix_is_escaped_when_listing(redis_server: RedisServer) -> None:
+    base = unique_prefix()
+    with (
+        RedisStreamCheckpointStore(redis_server.url, prefix=f"{base}*") as star,
+        RedisStreamCheckpointStore(redis_server.url, prefix=f"{base}x") as plain,
+    ):
+        plain.put(checkpoint("other"))
+        star.put(checkpoint("mine"))
+        assert star.list_run_ids() == ["mine"]
+
+
+def test_prefix_with_braces_is_rejected(redis_server: RedisServer) -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisStreamCheckpointStore(redis_server.url, prefix="a{b}")
+
+
+def test_a_connection_is_required() -> None:
+    with pytest.raises(ValueError, match="url="):
+        RedisStreamCheckpointStore()
+
+
+def test_url_and_clients_together_are_rejected(redis_server: RedisServer) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    with pytest.raises(ValueError, match="not both"):
+        RedisStreamCheckpointStore(redis_server.url, client=client)
+    client.close()
+
+
+# -- expiry ----------------------------------------------------------------------
+
+
+def test_ttl_is_set_as_redis_expiry_and_epoch_counter_never_expires(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    with RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix(), ttl=30) as store:
+        epoch = store.claim("run-1")
+        store.put(checkpoint("run-1", "text", epoch=epoch))
+        head, text, counter = (f"{store.prefix}:{{run-1}}:{p}" for p in ("head", "text", "epoch"))
+        assert 0 < raw.pttl(head) <= 30_000
+        assert 0 < raw.pttl(text) <= 30_000
+        assert raw.pttl(counter) == -1
+
+
+def test_without_ttl_checkpoint_keys_do_not_expire(
+    store: RedisStreamCheckpointStore, raw: redis.Redis
+) -> None:
+    store.put(checkpoint("run-1", "text"))
+    assert raw.pttl(f"{store.prefix}:{{run-1}}:head") == -1
+    assert raw.pttl(f"{store.prefix}:{{run-1}}:text") == -1
+
+
+def test_redis_expiry_removes_the_checkpoint_and_keeps_the_epoch(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    with RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix(), ttl=0.05) as store:
+        epoch = store.claim("run-1")
+        store.put(checkpoint("run-1", "text", epoch=epoch))
+        time.sleep(0.12)
+
+        assert store.get("run-1") is None
+        assert sorted(raw.scan_iter(match=f"{store.prefix}*")) == [
+            f"{store.prefix}:{{run-1}}:epoch".encode()
+        ]
+        assert store.claim("run-1") == epoch + 1
+        with pytest.raises(StreamCheckpointFencedError):
+            store.put(checkpoint("run-1", "late", epoch=epoch))
+
+
+def test_store_clock_expires_a_checkpoint_before_redis_does(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    clock = FakeClock()
+    with RedisStreamCheckpointStore(
+        redis_server.url, prefix=unique_prefix(), ttl=60, clock=clock
+    ) as store:
+        store.put(checkpoint("old", "a"))
+        clock.now += 50
+        store.put(checkpoint("young", "b"))
+        clock.now += 11
+
+        assert store.get("old") is None
+        assert store.list_run_ids() == ["young"]
+        assert store.gc() == 1
+        assert raw.exists(f"{store.prefix}:{{old}}:head") == 0
+        assert store.get("young") is not None
+
+
+# -- delta writes ----------------------------------------------------------------
+
+
+def net_input_bytes(raw: redis.Redis) -> int:
+    return int(raw.info("stats")["total_net_input_bytes"])
+
+
+def test_a_small_delta_on_a_large_partial_sends_only_the_delta(
+    store: RedisStreamCheckpointStore, raw: redis.Redis
+) -> None:
+    text = "x" * 200_000
+    store.put(checkpoint("run-1", text))
+
+    before = net_input_bytes(raw)
+    store.put(checkpoint("run-1", text + "sixteen chars..."))
+    sent = net_input_bytes(raw) - before - len("*1\r\n$4\r\nINFO\r\n$5\r\nstats\r\n")
+
+    assert sent < 2_000
+    found = store.get("run-1")
+    assert found is not None
+    assert found.partial_text == text + "sixteen chars..."
+
+
+def test_delta_after_another_writer_rewrote_the_run_rewrites_the_whole_text(
+    redis_server: RedisServer,
+) -> None:
+    prefix = unique_prefix()
+    with (
+        RedisStreamCheckpointStore(redis_server.url, prefix=prefix) as first,
+        RedisStreamCheckpointStore(redis_server.url, prefix=prefix) as second,
+    ):
+        first.put(checkpoint("run-1", "abc"))
+        second.put(checkpoint("run-1", "xyz"))
+        first.put(checkpoint("run-1", "abcd"))
+
+        found = second.get("run-1")
+        assert found is not None
+        assert found.partial_text == "abcd"
+
+
+# -- failures --------------------------------------------------------------------
+
+
+def every_call_fails_with_checkpoint_error(store: RedisStreamCheckpointStore) -> None:
+    calls: list[Any] = [
+        lambda: store.get("run-1"),
+        lambda: store.put(checkpoint("run-1", "more text", epoch=1)),
+        lambda: store.delete("run-1"),
+        lambda: store.claim("run-1"),
+    ]
+    for call in calls:
+        with pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught:
+            call()
+        assert isinstance(caught.value.cause, redis.ConnectionError)
+    for call in (store.list_run_ids, store.gc):
+        with pytest.raises(StreamCheckpointError) as caught:
+            call()
+        assert isinstance(caught.value.cause, redis.ConnectionError)
+
+
+async def every_async_call_fails_with_checkpoint_error(store: RedisStreamCheckpointStore) -> None:
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'"):
+        await store.aget("run-1")
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'"):
+        await store.aput(checkpoint("run-1", "more text", epoch=1))
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'"):
+        await store.adelete("run-1")
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'"):
+        await store.aclaim("run-1")
+
+
+async def test_server_killed_mid_run_raises_checkpoint_error_and_recovers_after_restart(
+    own_server: RedisServer,
+) -> None:
+    store = RedisStreamCheckpointStore(own_server.url, prefix="p", ttl=3600, retries=1)
+    epoch = store.claim("run-1")
+    store.put(checkpoint("run-1", "before the crash", epoch=epoch))
+    await store.aput(checkpoint("run-1", "before the crash, async", epoch=epoch))
+
+    own_server.kill()
+    started = time.monotonic()
+    every_call_fails_with_checkpoint_error(store)
+    await every_async_call_fails_with_checkpoint_error(store)
+    assert time.monotonic() - started < 5
+
+    own_server.start()
+    found = store.get("run-1")  # the append-only file kept the checkpoint
+    assert found is not None
+    assert found.partial_text == "before the crash, async"
+    store.put(checkpoint("run-1", "before the crash, async, after", epoch=epoch))
+    await store.aput(checkpoint("run-1", "before the crash, async, after, again", epoch=epoch))
+    assert store.claim("run-1") == epoch + 1
+    assert await store.aclaim("run-1") == epoch + 2
+    found = await store.aget("run-1")
+    assert found is not None
+    assert found.partial_text == "before the crash, async, after, again"
+    await store.aclose()
+
+
+async def test_a_server_that_stops_answering_raises_checkpoint_error_after_the_timeout(
+    own_server: RedisServer,
+) -> None:
+    store = RedisStreamCheckpointStore(own_server.url, prefix="p", socket_timeout=0.2, retries=0)
+    store.put(checkpoint("run-1", "before the stall"))
+    assert await store.aget("run-1") is not None
+    assert own_server.process is not None
+    own_server.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught:
+            store.get("run-1")
+        assert isinstance(caught.value.cause, redis.TimeoutError)
+        with pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught:
+            await store.aput(checkpoint("run-1", "before the stall, and more"))
+        assert isinstance(caught.value.cause, redis.TimeoutError)
+    finally:
+        own_server.process.send_signal(signal.SIGCONT)
+    store.put(checkpoint("run-1", "after the stall"))
+    found = await store.aget("run-1")
+    assert found is not None
+    assert found.partial_text == "after the stall"
+    await store.aclose()
+
+
+def test_wrong_password_raises_checkpoint_error(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", password="s3cret")
+    server.start()
+    try:
+        with RedisStreamCheckpointStore(
+            server.url_without_password, password="wrong", prefix="p"
+        ) as store:
+            with pytest.raises(StreamCheckpointError) as caught:
+                store.claim("run-1")
+            assert isinstance(caught.value.cause, redis.AuthenticationError)
+            assert "s3cret" not in str(caught.value)
+        with (
+            RedisStreamCheckpointStore(server.url_without_password, prefix="p") as store,
+            pytest.raises(StreamCheckpointError, match="run_id='run-1'"),
+        ):
+            store.get("run-1")
+        with RedisStreamCheckpointStore(
+            server.url_without_password, password="s3cret", prefix="p"
+        ) as store:
+            assert store.claim("run-1") == 1
+    finally:
+        server.stop()
+
+
+def test_password_in_url_is_not_shown_in_errors(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", password="s3cret")
+    server.start()
+    server.kill()
+    with (
+        RedisStreamCheckpointStore(server.url, prefix="p", retries=0) as store,
+        pytest.raises(StreamCheckpointError) as caught,
+    ):
+        store.get("run-1")
+    assert "s3cret" not in str(caught.value)
+    assert ":***@127.0.0.1" in str(caught.value)
+
+
+def test_foreign_data_under_the_keys_raises_checkpoint_error(
+    store: RedisStreamCheckpointStore, raw: redis.Redis
+) -> None:
+    raw.rpush(f"{store.prefix}:{{run-1}}:epoch", "not a counter")
+    raw.set(f"{store.prefix}:{{run-1}}:head", "not a hash")
+
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught:
+        store.claim("run-1")
+    assert isinstance(caught.value.cause, redis.ResponseError)
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'"):
+        store.get("run-1")
+    with pytest.raises(StreamCheckpointError, match="run_id='run-1'"):
+        store.put(checkpoint("run-1", "x"))
+
+
+# -- clients ---------------------------------------------------------------------
+
+
+def test_clients_that_decode_responses_are_rejected(redis_server: RedisServer) -> None:
+    client = redis.Redis.from_url(redis_server.url, decode_responses=True)
+    with pytest.raises(ValueError, match="decode_responses"):
+        RedisStreamCheckpointStore(client=client)
+    with pytest.raises(ValueError, match="decode_responses"):
+        RedisStreamCheckpointStore(redis_server.url, decode_responses=True)
+    client.close()
+
+
+def test_borrowed_clients_are_used_and_left_open(redis_server: RedisServer) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    store = RedisStreamCheckpointStore(client=client, prefix=unique_prefix())
+    store.put(checkpoint("run-1", "ü\ud800 text"))
+    found = store.get("run-1")
+    assert found is not None
+    assert found.partial_text == "ü\ud800 text"
+    assert store.list_run_ids() == ["run-1"]
+    store.close()
+    assert client.ping() is True
+    client.close()
+
+
+async def test_async_methods_with_only_a_sync_client_run_in_a_thread(
+    redis_server: RedisServer,
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    store = RedisStreamCheckpointStore(client=client, prefix=unique_prefix())
+    epoch = await store.aclaim("run-1")
+    await store.aput(checkpoint("run-1", "text", epoch=epoch))
+    found = await store.aget("run-1")
+    assert found is not None
+    assert found.partial_text == "text"
+    await store.adelete("run-1", epoch=epoch)
+    assert await store.aget("run-1") is None
+    client.close()
+
+
+async def test_borrowed_async_client_serves_the_async_methods(redis_server: RedisServer) -> None:
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    store = RedisStreamCheckpointStore(async_client=client, prefix=unique_prefix())
+    epoch = await store.aclaim("run-1")
+    await store.aput(checkpoint("run-1", "text", epoch=epoch))
+    await store.aput(checkpoint("run-1", "text and more", epoch=epoch))
+    found = await store.aget("run-1")
+    assert found is not None
+    assert found.partial_text == "text and more"
+    with pytest.raises(StreamCheckpointError, match="async"):
+        store.get("run-1")
+    await client.aclose()
+
+
+def test_one_store_serves_several_event_loops(redis_server: RedisServer) -> None:
+    store = RedisStreamCheckpointStore.from_url(redis_server.url, prefix=unique_prefix())
+
+    async def write(text: str) -> StreamCheckpoint | None:
+        await store.aput(checkpoint("run-1", text))
+        found = await store.aget("run-1")
+        await store.aclose()
+        return found
+
+    first = asyncio.run(write("one"))
+    second = asyncio.run(write("one two"))
+    assert first is not None
+    assert first.partial_text == "one"
+    assert second is not None
+    assert second.partial_text == "one two"
+
+
+def test_importing_the_package_does_not_need_redis_and_the_store_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['redis'] = None\n"
+        "import awaken_langchain, awaken_langchain.stores\n"
+        "try:\n"
+        "    import awaken_langchain.stores.redis\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        timeout=60,
+        check=True,
+    )
+    assert "pip install 'awaken-langchain[redis]'" in result.stdout
+
+
+# -- fencing between processes -----------------------------------------------------
+
+
+SEGMENT = re.compile(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>")
+
+
+def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
+    redis_server: RedisServer,
+) -> None:
+    prefix, processes, runs, rounds = unique_prefix(), 4, 64, 2
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                redis_server.url,
+                prefix,
+                str(worker),
+                str(processes),
+                str(runs),
+                str(rounds),
+                "async" if worker % 2 == 0 else "threads",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            cwd=REPO_ROOT,
+        )
+        for worker in range(processes)
+    ]
+    logs = []
+    for process in workers:
+        out, err = process.communicate(timeout=60)
+        assert process.returncode == 0, err
+        logs.append(json.loads(out))
+
+    claims: dict[str, list[int]] = defaultdict(list)
+    accepted: dict[str, set[str]] = defaultdict(set)
+    for log in logs:
+        for run_id, epoch in log["claims"]:
+            claims[run_id].append(epoch)
+        for run_id, seg in log["accepted"]:
+            accepted[run_id].add(seg)
+    assert sum(log["fenced"] for log in logs) > 0, "no takeover happened; the test proves nothing"
+
+    with RedisStreamCheckpointStore(redis_server.url, prefix=prefix) as store:
+        for i in range(runs):
+            run_id = f"run-{i}"
+            # claim is an atomic counter: every claim got its own epoch, 1..N
+            assert sorted(claims[run_id]) == list(range(1, processes * rounds + 1))
+            final = store.get(run_id)
+            assert final is not None
+            # the last owner's writes are the last to land
+            assert final.epoch == max(claims[run_id])
+            segments = SEGMENT.findall(final.partial_text)
+            assert "".join(f"<{'.'.join(s)}>" for s in segments) == final.partial_text
+            # every accepted write extended the text, and nothing else did
+            assert {f"<{'.'.join(s)}>" for s in segments} == accepted[run_id]
+            assert len(segments) == len(accepted[run_id])
+            # a write from an older epoch never landed after a newer one
+            epochs = [int(s[0]) for s in segments]
+            assert epochs == sorted(epochs)
+
+
+def test_tls_connection_verifies_the_server_with_the_given_ca(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis", tls=True)
+    server.start()
+    try:
+        plain_url = f"redis://127.0.0.1:{server.port}/0"
+        with RedisStreamCheckpointStore(plain_url, ssl_ca_certs=server.ca_file) as store:
+            epoch = store.claim("run-1")
+            store.put(checkpoint("run-1", "over TLS", epoch=epoch))
+            found = store.get("run-1")
+            assert found is not None
+            assert found.partial_text == "over TLS"
+
+            async def read_async() -> StreamCheckpoint | None:
+                try:
+                    return await store.aget("run-1")
+                finally:
+                    await store.aclose()
+
+            assert asyncio.run(read_async()) == found
+        with (
+            RedisStreamCheckpointStore(server.url, retries=0) as unverified,
+            pytest.raises(StreamCheckpointError, match="run_id='run-1'") as caught,
+        ):
+            unverified.get("run-1")
+        assert "certificate" in str(caught.value).lower()
+    finally:
+        server.stop()
+
+
+def test_connection_settings_with_a_borrowed_client_are_rejected(
+    redis_server: RedisServer,
+) -> None:
+    client = redis.Redis.from_url(redis_server.url)
+    with pytest.raises(ValueError, match="apply only"):
+        RedisStreamCheckpointStore(client=client, password="secret")
+    with pytest.raises(ValueError, match="apply only"):
+        RedisStreamCheckpointStore(client=client, ssl=True)
+    client.close()
+
+
+def test_missing_redis_server_skips_unless_required(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server to be found
+    monkeypatch.delenv("AWAKEN_REQUIRE_REDIS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="redis-server is not installed"):
+        redis_server_binary()
+    monkeypatch.setenv("AWAKEN_REQUIRE_REDIS", "1")
+    with pytest.raises(pytest.fail.Exception, match="AWAKEN_REQUIRE_REDIS=1"):
+        redis_server_binary()
+
+
+def test_put_benchmark_measures_redis_and_a_small_delta_sends_few_bytes(
+    redis_server: RedisServer, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = REPO_ROOT / "benchmarks" / "checkpoint_put.py"
+    spec = importlib.util.spec_from_file_location("checkpoint_put", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+
+    stop = module._Redis.start(redis_server.url)
+    assert stop is not None
+    ((large, small),) = module.main(size=50_000, small=500, puts=5, stores=("redis",))
+    stop()
+
+    assert (large.partial_chars, small.partial_chars) == (50_000, 500)
+    # what reached the server per put does not grow with the partial
+    assert large.append_bytes is not None
+    assert small.append_bytes is not None
+    assert large.append_bytes < 2_000
+    assert large.append_bytes - small.append_bytes < 100
+    assert "redis" in capsys.readouterr().out
