@@ -29,7 +29,7 @@ from awaken_langchain.testing import Fault, LoopbackProvider, Scenario, echo_res
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(*argv: str, stdin: str = "", width: int = 200, **env: str) -> tuple[int, str]:
+def run(*argv: str, stdin: str = "", width: int = 200) -> tuple[int, str]:
     """Run the command in-process; return its exit status and everything it printed."""
     out = io.StringIO()
     console = Console(file=out, width=width, highlight=False, color_system=None)
@@ -535,3 +535,97 @@ def test_redis_store_urls_are_opened_lazily(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+# -- README ----------------------------------------------------------------------------------------
+
+
+def _readme_section(title: str) -> str:
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index(f"## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_readme_set_up_has_two_commands_the_demo_and_the_test_suite() -> None:
+    setup = _readme_section("Set-up")
+    commands = [line for line in setup.splitlines() if line.startswith("python3 -m venv")]
+    assert len(commands) == 2
+    assert commands[0].endswith(".venv/bin/awaken-langchain demo")
+    assert '.venv/bin/pip install -e ".[demo]"' in commands[0]
+    lines = setup.splitlines()
+    marker = lines.index("# install everything and run the whole test suite")
+    assert lines[marker + 1] == commands[1]
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
+    assert extras["demo"] == ["awaken-langchain[openai,anthropic,agents]"]
+    assert "demo" in extras["dev"][0]
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_readme_quick_start_runs_against_the_provider_api(
+    provider: str,
+    loopback_provider: LoopbackProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    blocks = _readme_section("Quick start").split("```python\n")[1:]
+    code = next(block.split("```")[0] for block in blocks if f"langchain_{provider}" in block)
+    assert len(code.strip().splitlines()) == 6  # five lines of code and a blank line
+    monkeypatch.setenv(f"{provider.upper()}_API_KEY", "test-key")
+    url = loopback_provider.base_url_openai if provider == "openai" else loopback_provider.url
+    monkeypatch.setenv(f"{provider.upper()}_BASE_URL", url)
+    before_text = 1 if provider == "openai" else 2  # role chunk | message and block start
+    loopback_provider.enqueue(  # drops after "Back", "pres", "sure"; then the rest
+        Scenario(text="Backpressure is a signal.", fault=Fault.drop_after_events(before_text + 3)),
+        Scenario(text=" is a signal."),
+    )
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out == "Backpressure is a signal."
+    assert len(loopback_provider.requests) == 2  # the drop was continued
+
+
+# -- chat finishes a turn a killed chat process left behind ---------------------------------------
+
+
+@pytest.mark.slow
+def test_chat_finishes_the_turn_a_killed_chat_process_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    answer = "One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten."
+    with LoopbackProvider(default=echo_responder()) as server:
+        server.enqueue(Scenario(text=answer, fault=Fault.stall(60, after_events=8)))
+        argv = ["chat", "--model", "openai:gpt-4o-mini", "--base-url", server.base_url_openai]
+        argv += ["--dir", str(tmp_path), "--thread", "t-killed"]
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OPENAI_API_KEY": "test-key"}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "awaken_langchain", *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
+        try:
+            assert process.stdin is not None
+            process.stdin.write("count to ten\n")
+            process.stdin.flush()
+            saved = None
+            deadline = time.monotonic() + 90
+            while saved is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+                if (tmp_path / "checkpoints").is_dir():
+                    with DiskCacheStreamCheckpointStore(tmp_path / "checkpoints") as store:
+                        found = store.list_checkpoints()
+                    saved = found[0] if found and found[0].partial_text else None
+            assert saved is not None, "the chat process never checkpointed its turn"
+        finally:
+            process.kill()
+            process.wait(timeout=30)
+        server.default = Scenario(text=answer[len(saved.partial_text.rstrip()) :])
+        status, out = run(*argv, stdin="")
+    assert status == 0, out
+    assert "finishing it first" in out
+    assert "awaken_resume" in out
+    assert _memory(tmp_path, "t-killed") == [("human", "count to ten"), ("ai", answer)]
