@@ -133,10 +133,6 @@ A_REPLACE = (
 )
 
 
-def _expected_answers() -> dict[str, str]:
-    return {Q_RATE: A_RATE, Q_DROP: A_DROP, Q_TOOL: A_TOOL, Q_REPLACE: A_REPLACE}
-
-
 # -- the scripted model behind the loopback server ------------------------------------------
 
 
@@ -656,6 +652,12 @@ class Demo:
         self.committed: list[BaseMessage] = []
         self.agent: Agent | None = None
         self.tool_log = ToolLog()
+        # facts gathered by steps c and d, checked afterwards
+        self.cut_arguments = ""
+        self.worker_1: Worker | None = None
+        self.worker_2_records: list[Record] = []
+        self.checkpoint_after_kill: StreamCheckpoint | None = None
+        self.killed_shown = 0
 
     # -- running ----------------------------------------------------------------------------
 
@@ -821,11 +823,11 @@ class Demo:
 
     def step_tool(self, result: StepResult) -> None:
         """A tool call cut off mid-arguments: not executed, re-issued, run once."""
-        fault, self._cut_arguments = drop_mid_arguments(self.model, Q_TOOL, self.provider)
+        fault, self.cut_arguments = drop_mid_arguments(self.model, Q_TOOL, self.provider)
         self.model.schedule(Q_TOOL, fault)
         self.screen.heading(
             "c. a tool call is cut off mid-arguments",
-            f"The connection drops after the arguments {self._cut_arguments!r}: "
+            f"The connection drops after the arguments {self.cut_arguments!r}: "
             "a JSON fragment that a lenient parser would 'repair' and run.",
         )
         self._turn(result, Q_TOOL)
@@ -834,7 +836,7 @@ class Demo:
         """Check step c against the facts."""
         assert self.agent is not None
         requests = result.requests
-        cut = getattr(self, "_cut_arguments", "")
+        cut = self.cut_arguments
         cut_valid = True
         try:
             json.loads(cut)
@@ -906,7 +908,7 @@ class Demo:
         )
         first = spawn_worker([*common, "--question", Q_REPLACE], logs / "worker-1.log")
         second = spawn_worker(second_args, logs / "worker-2.log")
-        self.worker_1, self.worker_2 = first, second
+        self.worker_1 = first
         try:
             self.screen.user(Q_REPLACE)
             shown = self._stream_until_killed(result, first)
@@ -996,10 +998,10 @@ class Demo:
 
     def verify_replacement(self, result: StepResult) -> None:
         """Check step d against the facts."""
-        first: Worker | None = getattr(self, "worker_1", None)
-        records: list[Record] = getattr(self, "worker_2_records", [])
-        checkpoint: StreamCheckpoint | None = getattr(self, "checkpoint_after_kill", None)
-        shown: int = getattr(self, "killed_shown", 0)
+        first = self.worker_1
+        records = self.worker_2_records
+        checkpoint = self.checkpoint_after_kill
+        shown = self.killed_shown
         first_text = "".join(
             str(r["text"]) for r in result.records if r.get("worker") == 1 and _is_token(r)
         )
