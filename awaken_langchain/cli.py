@@ -320,6 +320,9 @@ def chat_model(spec: str, base_url: str | None) -> Any:
         raise CommandError(
             f"--model {spec}: the LangChain integration for {provider!r} is not installed ({exc})"
         ) from exc
+    except ValueError as exc:  # an unknown provider or model
+        first_line = str(exc).strip().splitlines()[0]
+        raise CommandError(f"--model {spec}: {first_line}; check the provider name") from exc
     except Exception as exc:
         key = f"{provider.upper()}_API_KEY"
         raise CommandError(

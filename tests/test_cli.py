@@ -315,7 +315,7 @@ def test_chat_reports_a_failed_turn_and_exits_1(
     [
         ("gpt-4o-mini", "--model 'gpt-4o-mini' must be PROVIDER:MODEL"),
         ("openai:", "must be PROVIDER:MODEL"),
-        ("nosuchprovider:model-x", "--model nosuchprovider:model-x"),
+        ("nosuchprovider:model-x", "Unable to infer model provider"),
     ],
 )
 def test_chat_rejects_a_bad_model(model: str, message: str, tmp_path: Path) -> None:
