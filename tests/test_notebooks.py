@@ -110,6 +110,7 @@ def test_agent_notebook_never_runs_a_cut_off_tool_call() -> None:
     assert out.count(truncated) == 1  # the bare model: the truncated call ran
     assert out.count(complete) == 2  # the wrapper: one complete call, after each cut
     assert "invalid tool calls: []" in out
+    assert """streamed tool arguments: ['{"to":"alice","amount":100,"confirm":true}']""" in out
 
 
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
