@@ -57,4 +57,3 @@ def test_readme_python_example_runs(line: int, runnable: bool, source: str) -> N
             check=False,
         )
         assert done.returncode == 0, f"README.md line {line}:\n{done.stderr}"
-        assert server.requests or "RecoveringChatModel" not in source
