@@ -84,7 +84,9 @@ def images(notebook: Any) -> list[bytes]:
 def test_quickstart_recovers_a_rate_limit_and_a_dropped_connection_in_a_chain() -> None:
     notebook = execute("01_quickstart.ipynb")
     out = text_output(notebook)
-    assert "request 3: continuation" in out
+    assert (
+        "request 3: continuation responder messages: ['system', 'user', 'assistant', 'user']" in out
+    )
     assert "'plans': ['R4', 'R1']" in out
     assert "awaken_retry         plan=R4 cause=rate_limited" in out
     assert "awaken_continuation  plan=R1 cause=connection" in out
