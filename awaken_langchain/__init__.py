@@ -4,12 +4,14 @@ Retry before output, continue after partial output, checkpoint the in-flight
 turn, gate tool calls on complete JSON, and hand only complete turns to memory.
 """
 
+from awaken_langchain.callbacks import AsyncStreamCheckpointHandler, StreamCheckpointHandler
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
 from awaken_langchain.errors import (
     AwakenError,
     StreamCheckpointError,
     StreamCheckpointFencedError,
+    StreamCheckpointWarning,
     StreamEndedEarlyError,
     StreamInterruptedError,
     StreamStalledError,
@@ -25,6 +27,7 @@ from awaken_langchain.stores import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncStreamCheckpointHandler",
     "AwakenError",
     "DiskCacheStreamCheckpointStore",
     "FileStreamCheckpointStore",
@@ -36,7 +39,9 @@ __all__ = [
     "StreamCheckpoint",
     "StreamCheckpointError",
     "StreamCheckpointFencedError",
+    "StreamCheckpointHandler",
     "StreamCheckpointStore",
+    "StreamCheckpointWarning",
     "StreamEndedEarlyError",
     "StreamInterruptedError",
     "StreamStalledError",

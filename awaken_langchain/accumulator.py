@@ -12,6 +12,7 @@ to lists and joined only when a checkpoint is written or a call completes.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,12 @@ from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 
-from awaken_langchain.checkpoint import CompletedToolCall, InFlightToolCall, StreamCheckpoint
+from awaken_langchain.checkpoint import (
+    CompletedToolCall,
+    InFlightToolCall,
+    NotExecutedToolCall,
+    StreamCheckpoint,
+)
 from awaken_langchain.recovery import SeamFilter
 
 INTERRUPTED_TOOL_CALL_ERROR = (
@@ -53,17 +59,6 @@ class _OpenCall:
 
     def args(self) -> str:
         return "".join(self.parts)
-
-
-@dataclass(slots=True)
-class InvalidCall:
-    """A tool call that will not be executed, and why."""
-
-    index: int
-    id: str | None
-    name: str | None
-    args: str
-    error: str
 
 
 def _text_of(content: Any) -> str:
@@ -105,7 +100,7 @@ class TurnAccumulator:
         self._text = ""
         self._text_parts: list[str] = []
         self.completed: list[CompletedToolCall] = []
-        self.invalid: list[InvalidCall] = []
+        self.invalid: list[NotExecutedToolCall] = []
         self._open: dict[int, _OpenCall] = {}
         self._index_map: dict[Any, int] = {}
         self._next_index = 0
@@ -121,18 +116,20 @@ class TurnAccumulator:
         if checkpoint is not None:
             self._text = checkpoint.partial_text
             self.completed = list(checkpoint.completed_tool_calls)
-            used = [c.index for c in self.completed]
+            self.invalid = list(checkpoint.invalid_tool_calls)
+            self.terminal = checkpoint.complete
+            used = [c.index for c in self.completed] + [c.index for c in self.invalid]
             cut = checkpoint.in_flight_tool_call
             if cut is not None:
                 used.append(cut.index)
                 if self.completed:  # plan R2: the cut-off call is reported, not run
                     self.invalid.append(
-                        InvalidCall(
-                            cut.index,
-                            cut.id,
-                            cut.name,
-                            cut.partial_args,
-                            INTERRUPTED_TOOL_CALL_ERROR,
+                        NotExecutedToolCall(
+                            id=cut.id,
+                            name=cut.name,
+                            index=cut.index,
+                            args=cut.partial_args,
+                            error=INTERRUPTED_TOOL_CALL_ERROR,
                         )
                     )
                 else:
@@ -167,7 +164,11 @@ class TurnAccumulator:
         return self._removed_at_seams + (self._seam.removed_chars if self._seam else 0)
 
     def snapshot(self, **fields: Any) -> StreamCheckpoint:
-        """Build a checkpoint of the turn so far; ``fields`` fill the rest."""
+        """Build a checkpoint of the turn so far; ``fields`` fill the rest.
+
+        Pass ``complete=True`` once the turn has finished: the checkpoint then
+        holds the whole answer.
+        """
         call = self.in_flight
         in_flight = (
             InFlightToolCall(id=call.id, name=call.name, index=call.index, partial_args=call.args())
@@ -178,6 +179,7 @@ class TurnAccumulator:
             partial_text=self.text,
             completed_tool_calls=tuple(self.completed),
             in_flight_tool_call=in_flight,
+            invalid_tool_calls=tuple(self.invalid),
             message_id=self.message_id,
             **fields,
         )
@@ -246,14 +248,18 @@ class TurnAccumulator:
         self._release_seam(out)
         return out
 
-    def cut_off_in_flight(self) -> InvalidCall | None:
+    def cut_off_in_flight(self) -> NotExecutedToolCall | None:
         """Turn the in-flight call into an interrupted invalid call (plan R2)."""
         call = self.in_flight
         if call is None:
             return None
         del self._open[call.index]
-        invalid = InvalidCall(
-            call.index, call.id, call.name, call.args(), INTERRUPTED_TOOL_CALL_ERROR
+        invalid = NotExecutedToolCall(
+            id=call.id,
+            name=call.name,
+            index=call.index,
+            args=call.args(),
+            error=INTERRUPTED_TOOL_CALL_ERROR,
         )
         self.invalid.append(invalid)
         return invalid
@@ -373,7 +379,11 @@ class TurnAccumulator:
         args = strict_args(raw)
         if args is None or not call.name:
             error = INTERRUPTED_TOOL_CALL_ERROR if interrupted else MALFORMED_TOOL_CALL_ERROR
-            self.invalid.append(InvalidCall(call.index, call.id, call.name, raw, error))
+            self.invalid.append(
+                NotExecutedToolCall(
+                    id=call.id, name=call.name, index=call.index, args=raw, error=error
+                )
+            )
             return
         self.completed.append(
             CompletedToolCall(id=call.id or "", name=call.name, args=args, index=call.index)
@@ -408,3 +418,43 @@ class TurnAccumulator:
     def _has_terminal(self) -> bool:
         metadata = self.response_metadata
         return any(metadata.get(key) for key in _TERMINAL_KEYS)
+
+
+class CheckpointCadence:
+    """When an in-flight turn is due to be written to the store.
+
+    A write is due after ``every_chunks`` chunks, or once ``every_seconds`` have
+    passed since the last write while output is unsaved, whichever comes first.
+
+    Args:
+        every_chunks: Most chunks of output left unsaved.
+        every_seconds: Most seconds of output left unsaved.
+        clock: Monotonic time source in seconds.
+    """
+
+    def __init__(
+        self, *, every_chunks: int, every_seconds: float, clock: Callable[[], float]
+    ) -> None:
+        self.every_chunks = every_chunks
+        self.every_seconds = every_seconds
+        self._clock = clock
+        self._unsaved = 0
+        self._last_write = clock()
+
+    @property
+    def dirty(self) -> bool:
+        """Whether output arrived since the last write."""
+        return self._unsaved > 0
+
+    def observe(self) -> bool:
+        """Count one chunk of output; return whether a write is due now."""
+        self._unsaved += 1
+        return (
+            self._unsaved >= self.every_chunks
+            or self._clock() - self._last_write >= self.every_seconds
+        )
+
+    def written(self) -> None:
+        """Record that the turn so far has been written."""
+        self._unsaved = 0
+        self._last_write = self._clock()

@@ -67,6 +67,23 @@ class InFlightToolCall(BaseModel):
     """The raw argument text received so far; usually not valid JSON."""
 
 
+class NotExecutedToolCall(BaseModel):
+    """A tool call of the turn that will not be executed, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str | None = None
+    """The provider's tool call id, if it had arrived."""
+    name: str | None = None
+    """The tool's name, if it had arrived."""
+    index: int = Field(default=0, ge=0)
+    """The tool call's index within the turn (after any continuation shift)."""
+    args: str = ""
+    """The raw argument text as it arrived (not a complete JSON object)."""
+    error: str = ""
+    """Why the call is not executed, worded for the model."""
+
+
 class StreamCheckpoint(BaseModel):
     """One in-flight assistant turn, as far as it had arrived.
 
@@ -95,6 +112,13 @@ class StreamCheckpoint(BaseModel):
     """Tool calls that arrived whole, in the order they completed."""
     in_flight_tool_call: InFlightToolCall | None = None
     """The tool call still arriving when the checkpoint was written, if any."""
+    invalid_tool_calls: tuple[NotExecutedToolCall, ...] = ()
+    """Tool calls of the turn that will not be executed (cut off or malformed)."""
+    complete: bool = False
+    """Whether the turn has finished (a terminal signal arrived, or it was finished
+    with its whole tool calls). A complete checkpoint holds the whole answer and is
+    kept only until memory has committed it; a process that finds one returns the
+    answer without a provider request. ``False`` means the turn is still in flight."""
     retry_count: int = Field(default=0, ge=0)
     """Retries and continuations already spent on this turn."""
     epoch: int = Field(default=0, ge=0)
@@ -106,6 +130,19 @@ class StreamCheckpoint(BaseModel):
     @classmethod
     def _run_id_is_addressable(cls, value: object) -> str:
         return check_run_id(value)
+
+
+def model_identifier(llm_type: str, model_name: object = None) -> str:
+    """The ``model`` a checkpoint records: ``"<llm type>:<model name>"``.
+
+    A checkpoint made for another model is not resumed, so writers (the wrapper,
+    the callback handler) must name the same model the same way.
+
+    Args:
+        llm_type: The chat model's ``_llm_type`` (e.g. ``"openai-chat"``).
+        model_name: The model name LangChain reports as ``ls_model_name``, if any.
+    """
+    return f"{llm_type}:{model_name}" if model_name else llm_type
 
 
 def check_run_id(run_id: object) -> str:

@@ -16,7 +16,8 @@ of the exception only, never from its message text:
 6. the generic provider error ``type`` (``server_error`` in an OpenAI stream,
    ``api_error``, ``rate_limit_error``, ...);
 7. transport exception types of the ``httpx``/``httpx2``/``httpcore``/
-   ``httpcore2``/``h11`` families, matched by module family and class name so
+   ``httpcore2``/``h11`` families (and ``requests``/``urllib3``/``http.client``
+   for integrations built on them), matched by module family and class name so
    that none of them is imported, and the SDKs' ``APIConnectionError`` /
    ``APITimeoutError``;
 8. a ``json.JSONDecodeError`` raised inside a provider SDK (an SSE event whose
@@ -200,15 +201,7 @@ def is_cancellation(exc: BaseException) -> bool:
 
 _MAX_CHAIN = 16
 
-_TRANSPORT_FAMILIES = frozenset({"httpx", "httpx2", "httpcore", "httpcore2", "h11"})
-"""Top-level modules whose exception classes are matched by name."""
-
-_PROVIDER_FAMILIES = frozenset(
-    {"openai", "anthropic", "langchain_openai", "langchain_anthropic", "langchain_core"}
-)
-"""Modules whose implicit exception context is followed (they wrap transport errors)."""
-
-_TRANSPORT_KINDS: Mapping[str, ErrorKind] = {
+_HTTPX_KINDS: Mapping[str, ErrorKind | None] = {
     "TimeoutException": ErrorKind.TIMEOUT,
     "ConnectTimeout": ErrorKind.TIMEOUT,
     "ReadTimeout": ErrorKind.TIMEOUT,
@@ -222,14 +215,52 @@ _TRANSPORT_KINDS: Mapping[str, ErrorKind] = {
     "RemoteProtocolError": ErrorKind.CONNECTION,
     "DecodingError": ErrorKind.STREAM_INTERRUPTED,
 }
-"""Transport exception class names (httpx/httpcore families) and their kind."""
 
-_SDK_KINDS: Mapping[str, ErrorKind] = {
+_SDK_KINDS: Mapping[str, ErrorKind | None] = {
     "APITimeoutError": ErrorKind.TIMEOUT,
     "APIConnectionError": ErrorKind.CONNECTION,
     "ContentFilterFinishReasonError": ErrorKind.CONTENT_FILTER,
 }
-"""Provider SDK exception class names (the generated openai/anthropic SDKs)."""
+
+_CLASS_KINDS: Mapping[str, Mapping[str, ErrorKind | None]] = {
+    "httpx": _HTTPX_KINDS,
+    "httpx2": _HTTPX_KINDS,
+    "httpcore": _HTTPX_KINDS,
+    "httpcore2": _HTTPX_KINDS,
+    "h11": {"RemoteProtocolError": ErrorKind.CONNECTION},
+    "requests": {
+        "SSLError": None,  # a certificate problem does not go away on retry
+        "ConnectTimeout": ErrorKind.TIMEOUT,
+        "ReadTimeout": ErrorKind.TIMEOUT,
+        "Timeout": ErrorKind.TIMEOUT,
+        "ConnectionError": ErrorKind.CONNECTION,
+        "ChunkedEncodingError": ErrorKind.CONNECTION,  # body cut off mid-stream
+        "ContentDecodingError": ErrorKind.STREAM_INTERRUPTED,
+    },
+    "urllib3": {
+        "SSLError": None,
+        "NewConnectionError": ErrorKind.CONNECTION,
+        "ProtocolError": ErrorKind.CONNECTION,
+        "ReadTimeoutError": ErrorKind.TIMEOUT,
+        "ConnectTimeoutError": ErrorKind.TIMEOUT,
+    },
+    "http": {"IncompleteRead": ErrorKind.CONNECTION},
+    "openai": _SDK_KINDS,
+    "anthropic": _SDK_KINDS,
+}
+"""Exception classes matched by top-level module and class name, so none is imported.
+
+The class hierarchy is walked; the first listed class decides. ``None`` marks a
+class that is known not to be transient although a parent class would be.
+"""
+
+_PROVIDER_FAMILIES = frozenset(
+    {"openai", "anthropic", "langchain_openai", "langchain_anthropic", "langchain_core"}
+)
+"""Provider SDKs and integrations (a JSON error raised inside them is a corrupted stream)."""
+
+_WRAPPING_FAMILIES = _PROVIDER_FAMILIES | frozenset(_CLASS_KINDS)
+"""Modules whose exceptions' implicit context is followed (they wrap transport errors)."""
 
 _SPECIFIC_CODES: Mapping[str, ErrorKind] = {
     "context_length_exceeded": ErrorKind.CONTEXT_OVERFLOW,
@@ -387,15 +418,9 @@ def _kind_for_status(status: int) -> ErrorKind | None:
 def _kind_by_class_name(exc: BaseException) -> ErrorKind | None:
     """Match transport and SDK exception classes by module family and name."""
     for cls in type(exc).__mro__:
-        family = cls.__module__.partition(".")[0]
-        if family in _TRANSPORT_FAMILIES:
-            kind = _TRANSPORT_KINDS.get(cls.__name__)
-            if kind is not None:
-                return kind
-        elif family in _PROVIDER_FAMILIES:
-            kind = _SDK_KINDS.get(cls.__name__)
-            if kind is not None:
-                return kind
+        names = _CLASS_KINDS.get(cls.__module__.partition(".")[0])
+        if names is not None and cls.__name__ in names:
+            return names[cls.__name__]
     return None
 
 
@@ -415,8 +440,7 @@ def _next_in_chain(exc: BaseException) -> BaseException | None:
         return exc.__cause__
     if exc.__suppress_context__ or exc.__context__ is None:
         return None
-    family = type(exc).__module__.partition(".")[0]
-    if family in _PROVIDER_FAMILIES or family in _TRANSPORT_FAMILIES:
+    if type(exc).__module__.partition(".")[0] in _WRAPPING_FAMILIES:
         return exc.__context__
     return None
 

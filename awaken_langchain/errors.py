@@ -7,6 +7,8 @@ AwakenError
 ├── StreamInterruptedError           recovery was exhausted; carries the partial message and cause
 ├── StreamStalledError (TimeoutError) no chunk arrived within ``stream_idle_timeout``
 └── StreamEndedEarlyError            the stream ended without a finish/stop reason
+
+StreamCheckpointWarning (RuntimeWarning)  a store failure the turn carried on through
 ```
 
 `StreamStalledError` and `StreamEndedEarlyError` describe one interrupted attempt
@@ -19,6 +21,8 @@ never wrapped: they propagate exactly as the provider SDK raised them.
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -139,6 +143,22 @@ class StreamEndedEarlyError(AwakenError):
             "or stop reason, so the turn is incomplete; it is recovered like a dropped "
             "connection within RetryPolicy(max_attempts=..., max_continuations=...)"
         )
+
+
+class StreamCheckpointWarning(RuntimeWarning):
+    """A checkpoint could not be written or deleted; the turn itself went on.
+
+    Store failures never fail a turn: they are logged under ``awaken_langchain``
+    and reported with this warning category (filter it with
+    ``warnings.simplefilter("ignore", StreamCheckpointWarning)``).
+    """
+
+
+def warn_store_failure(what: str, exc: BaseException) -> None:
+    """Log and warn about a store failure that does not fail the caller."""
+    message = f"{what}; carrying on without it: {exc}"
+    logging.getLogger("awaken_langchain").warning("%s", message)
+    warnings.warn(message, StreamCheckpointWarning, stacklevel=3)
 
 
 def _short(text: str, limit: int = 80) -> str:

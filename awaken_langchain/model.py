@@ -43,8 +43,12 @@ from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import override
 
-from awaken_langchain.accumulator import TurnAccumulator
-from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.accumulator import INVALID_ARGS_MARKER, CheckpointCadence, TurnAccumulator
+from awaken_langchain.checkpoint import (
+    StreamCheckpoint,
+    StreamCheckpointStore,
+    model_identifier,
+)
 from awaken_langchain.errors import (
     StreamCheckpointError,
     StreamCheckpointFencedError,
@@ -52,9 +56,11 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import (
     DEFAULT_CONTINUATION_PROMPT,
     Plan,
+    answer_invalid_tool_calls,
     choose_plan,
     continuation_messages,
     estimate_tokens,
@@ -63,6 +69,8 @@ from awaken_langchain.retry import RetryPhase, RetryPolicy
 
 logger = logging.getLogger("awaken_langchain")
 
+_LANGGRAPH_CHECKPOINTER = "__pregel_checkpointer"
+"""Where LangGraph puts a graph's checkpointer in a task's ``configurable``."""
 _REASONING_MARKERS = ("o1", "o3", "o4", "reasoning", "thinking", "r1")
 _REASONING_KWARGS = ("reasoning_effort", "reasoning", "thinking")
 
@@ -75,6 +83,8 @@ class _CallContext:
     key: str
     thread_id: str | None
     config: RunnableConfig
+    in_graph_memory: bool = False
+    """Whether the call runs in a LangGraph task whose graph has a checkpointer."""
 
 
 _CALL: contextvars.ContextVar[_CallContext | None] = contextvars.ContextVar(
@@ -115,7 +125,7 @@ class _Turn:
         self.wrapper = wrapper
         self.policy = wrapper.retry_policy
         self.ctx = ctx
-        self.messages = messages
+        self.messages = answer_invalid_tool_calls(messages, interrupted_marker=INVALID_ARGS_MARKER)
         self.stop = stop
         self.kwargs = kwargs
         self.acc = TurnAccumulator(f"lc_run--{ctx.run_id}")
@@ -133,9 +143,15 @@ class _Turn:
         self.epoch: int | None = None
         self.checkpointing = wrapper.store is not None
         self.checkpoint_writes = 0
-        self._since_put = 0
-        self._last_put = self.started
-        self._dirty = False
+        self.cadence = CheckpointCadence(
+            every_chunks=wrapper.checkpoint_every_chunks,
+            every_seconds=wrapper.checkpoint_every_seconds,
+            clock=self.policy.clock,
+        )
+        keep = wrapper.keep_until_committed
+        self.keep = ctx.in_graph_memory if keep is None else keep
+        self.committed_key = last_kept_checkpoint_key(messages)
+        self.closing: StreamCheckpoint | None = None
         self.event: dict[str, Any] = {}
 
     # -- resume ---------------------------------------------------------------------
@@ -147,6 +163,9 @@ class _Turn:
         reason = self._unusable(checkpoint, now)
         if reason is not None:
             self.wrapper._warn(self, "awaken_checkpoint_ignored", reason)
+            return []
+        if checkpoint.complete and any(m.id == checkpoint.message_id for m in self.messages):
+            logger.info("checkpoint %r is a turn memory already holds; ignoring it", self.ctx.key)
             return []
         self.acc = TurnAccumulator(checkpoint.message_id or self.acc.message_id, checkpoint)
         self.resumed = True
@@ -168,19 +187,24 @@ class _Turn:
                     ],
                 )
             )
-        plan = choose_plan(
-            text=checkpoint.partial_text,
-            completed_tool_calls=len(checkpoint.completed_tool_calls),
-            in_flight_tool_call=checkpoint.in_flight_tool_call is not None,
-        )
-        self.plans.append(plan.value)
-        if plan is Plan.FINISH_WITH_TOOL_CALLS:
+        if checkpoint.complete:  # finished before memory committed it: no request needed
             self.done = True
+            resumed_as = "complete"
         else:
-            self.continuing = plan in (Plan.CONTINUE_TEXT, Plan.DROP_TOOL_AND_CONTINUE)
+            plan = choose_plan(
+                text=checkpoint.partial_text,
+                completed_tool_calls=len(checkpoint.completed_tool_calls),
+                in_flight_tool_call=checkpoint.in_flight_tool_call is not None,
+            )
+            self.plans.append(plan.value)
+            if plan is Plan.FINISH_WITH_TOOL_CALLS:
+                self.done = True
+            else:
+                self.continuing = plan in (Plan.CONTINUE_TEXT, Plan.DROP_TOOL_AND_CONTINUE)
+            resumed_as = plan.value
         self.event = {
             "key": self.ctx.key,
-            "plan": plan.value,
+            "plan": resumed_as,
             "chars": len(checkpoint.partial_text),
             "tool_calls": len(checkpoint.completed_tool_calls),
         }
@@ -224,15 +248,8 @@ class _Turn:
     def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
         """Feed one inner chunk; return chunks to yield and whether to checkpoint now."""
         out = self.acc.feed(generation)
-        self._dirty = True
-        self._since_put += 1
-        if not self.checkpointing:
-            return out, False
-        wrapper = self.wrapper
-        due = self._since_put >= wrapper.checkpoint_every_chunks or (
-            self.policy.clock() - self._last_put >= wrapper.checkpoint_every_seconds
-        )
-        return out, due
+        due = self.cadence.observe()
+        return out, due and self.checkpointing
 
     def check_complete(self) -> None:
         """Raise when the attempt ended without a terminal signal."""
@@ -273,7 +290,11 @@ class _Turn:
             return _Decision("raise", error=exc)
         self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
         if not decision.retry:
-            partial = self.acc.message(self.metadata()) if (text or self.acc.completed) else None
+            partial = (
+                self.acc.message({**self.metadata(), "interrupted": True})
+                if (text or self.acc.completed)
+                else None
+            )
             return _Decision(
                 "raise",
                 error=StreamInterruptedError(
@@ -311,11 +332,18 @@ class _Turn:
 
     def snapshot(self) -> StreamCheckpoint | None:
         """The checkpoint to write now, or ``None`` when nothing changed."""
-        if not self.checkpointing or not self._dirty:
+        if not self.checkpointing or not self.cadence.dirty:
             return None
-        self._dirty = False
-        self._since_put = 0
-        self._last_put = self.policy.clock()
+        self.cadence.written()
+        return self._record()
+
+    def _closing_snapshot(self) -> StreamCheckpoint | None:
+        """The complete checkpoint to keep until memory commits the turn, if kept."""
+        if not self.checkpointing or not self.keep:
+            return None
+        return self._record(complete=True)
+
+    def _record(self, *, complete: bool = False) -> StreamCheckpoint:
         self.checkpoint_writes += 1
         return self.acc.snapshot(
             run_id=self.ctx.key,
@@ -323,6 +351,7 @@ class _Turn:
             model=self.model_id,
             retry_count=self.retries + self.continuations,
             epoch=self.epoch or 0,
+            complete=complete,
         )
 
     def saved(self) -> None:
@@ -358,13 +387,24 @@ class _Turn:
             "regenerated_output_tokens": estimate_tokens(regenerated),
             "checkpoint_key": self.ctx.key if self.wrapper.store is not None else None,
             "checkpoint_writes": self.checkpoint_writes,
+            "checkpoint_complete": self.checkpointing and self.keep,
         }
 
-    def finish(self) -> list[ChatGenerationChunk]:
-        """The chunks that close the turn."""
+    def close(self) -> list[AIMessageChunk]:
+        """End the turn: release held text and build the complete checkpoint to keep.
+
+        Returns the held text chunks; `finish` builds the closing chunks once the
+        complete checkpoint was written (or refused), so that the final chunk's
+        ``checkpoint_complete`` tells whether this process really kept one.
+        """
         self.done = True
-        out = self.acc.end_of_text()
-        out.append(self.acc.final_chunk(self.metadata()))
+        held = self.acc.end_of_text()
+        self.closing = self._closing_snapshot()
+        return held
+
+    def finish(self, held: list[AIMessageChunk]) -> list[ChatGenerationChunk]:
+        """The chunks that close the turn: held text, then the final chunk."""
+        out = [*held, self.acc.final_chunk(self.metadata())]
         return [ChatGenerationChunk(message=chunk) for chunk in out]
 
 
@@ -372,6 +412,10 @@ def _dumps(args: dict[str, Any]) -> str:
     import json
 
     return json.dumps(args, ensure_ascii=False)
+
+
+def _release_failed(exc: StreamCheckpointError) -> str:
+    return f"could not delete the checkpoint of a turn memory has committed: {exc}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -591,6 +635,16 @@ class RecoveringChatModel(BaseChatModel):
         default=None, exclude=True
     )
     """Derives the checkpoint key from the call's config; ``None`` uses the default."""
+    keep_until_committed: bool | None = None
+    """Keep a finished turn's checkpoint, marked complete, until memory commits it.
+
+    A process that finds a complete checkpoint returns the answer without asking
+    the provider, so a crash between the end of the turn and its commit costs
+    nothing. ``None`` keeps it inside a LangGraph graph with a checkpointer (the
+    thread's next model call, seeing the committed message, deletes it) and
+    deletes it at turn end elsewhere; ``True`` always keeps it (commit with
+    `awaken_langchain.history.commit_turn`, which deletes it); ``False`` deletes
+    it when the turn ends."""
 
     @model_validator(mode="before")
     @classmethod
@@ -628,8 +682,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _model_id(self) -> str:
         params = self.model._get_ls_params()
-        name = params.get("ls_model_name") or ""
-        return f"{self.model._llm_type}:{name}" if name else self.model._llm_type
+        return model_identifier(self.model._llm_type, params.get("ls_model_name"))
 
     # -- public entry points: capture the run id and config ------------------------------
 
@@ -651,7 +704,12 @@ class RecoveringChatModel(BaseChatModel):
             namespace = configurable.get("checkpoint_ns") or metadata.get("langgraph_checkpoint_ns")
             if namespace:
                 key = f"{thread_id}:{namespace}"
-        return config, _CallContext(run_id, key or str(run_id), thread_id, config)
+        in_graph_memory = (
+            thread_id is not None
+            and bool(configurable.get("checkpoint_ns") or metadata.get("langgraph_checkpoint_ns"))
+            and configurable.get(_LANGGRAPH_CHECKPOINTER) is not None
+        )
+        return config, _CallContext(run_id, key or str(run_id), thread_id, config, in_graph_memory)
 
     @override
     def invoke(
@@ -778,6 +836,11 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is not None:
             checkpoint = None
+            if turn.committed_key is not None:  # memory holds the previous turn now
+                try:
+                    store.delete(turn.committed_key)
+                except StreamCheckpointError as exc:
+                    self._warn(turn, "awaken_checkpoint_warning", _release_failed(exc))
             try:
                 turn.epoch = store.claim(turn.ctx.key)
                 checkpoint = store.get(turn.ctx.key)
@@ -820,12 +883,16 @@ class RecoveringChatModel(BaseChatModel):
                     continue
                 break
             break
-        yield from turn.finish()
+        tail = turn.close()
         if store is not None and turn.checkpointing:
             try:
-                store.delete(turn.ctx.key, epoch=turn.epoch)
+                if turn.closing is not None:  # kept until memory commits the turn
+                    store.put(turn.closing)
+                else:
+                    store.delete(turn.ctx.key, epoch=turn.epoch)
             except StreamCheckpointError as exc:
                 self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
+        yield from turn.finish(tail)
 
     def _inner_chunks(
         self, turn: _Turn, messages: list[BaseMessage]
@@ -906,6 +973,11 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is not None:
             checkpoint = None
+            if turn.committed_key is not None:  # memory holds the previous turn now
+                try:
+                    await store.adelete(turn.committed_key)
+                except StreamCheckpointError as exc:
+                    await self._awarn(turn, "awaken_checkpoint_warning", _release_failed(exc))
             try:
                 turn.epoch = await store.aclaim(turn.ctx.key)
                 checkpoint = await store.aget(turn.ctx.key)
@@ -949,13 +1021,17 @@ class RecoveringChatModel(BaseChatModel):
                     continue
                 break
             break
-        for closing in turn.finish():
-            yield closing
+        tail = turn.close()
         if store is not None and turn.checkpointing:
             try:
-                await store.adelete(turn.ctx.key, epoch=turn.epoch)
+                if turn.closing is not None:  # kept until memory commits the turn
+                    await store.aput(turn.closing)
+                else:
+                    await store.adelete(turn.ctx.key, epoch=turn.epoch)
             except StreamCheckpointError as exc:
                 await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
+        for closing_chunk in turn.finish(tail):
+            yield closing_chunk
 
     async def _ainner_chunks(
         self, turn: _Turn, messages: list[BaseMessage]

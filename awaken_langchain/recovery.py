@@ -15,13 +15,19 @@ import math
 from collections.abc import Sequence
 from enum import StrEnum
 
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
 DEFAULT_CONTINUATION_PROMPT = (
     "Your previous response was interrupted mid-stream. Continue exactly where it "
     "stopped, without repeating anything you already wrote."
 )
 """The user message appended after the assistant prefix of a continuation request."""
+
+NOT_EXECUTED_REPLY = (
+    "Tool call {name} with id {id} was not executed: {reason} Re-issue the call "
+    "with complete arguments if it is still needed."
+)
+"""The synthetic tool result that answers a tool call that was never executed."""
 
 CHARS_PER_TOKEN = 4
 """Rough characters per token, used only to estimate regenerated output."""
@@ -71,6 +77,52 @@ def continuation_messages(
     return [*messages, AIMessage(content=stripped), HumanMessage(content=prompt)]
 
 
+def answer_invalid_tool_calls(
+    messages: Sequence[BaseMessage], *, interrupted_marker: str = ""
+) -> list[BaseMessage]:
+    """Answer every never-executed tool call of the history, for one request.
+
+    An assistant message's invalid tool calls (cut off mid-stream, or malformed)
+    are sent to providers as tool calls; OpenAI and Anthropic reject a history in
+    which a tool call id has no tool result, and the model should learn that the
+    call did not run. For each invalid call with an id and no answering
+    ``ToolMessage``, an error ``ToolMessage`` saying so is inserted right after
+    the assistant message. The input is not modified (memory never holds these).
+
+    Args:
+        messages: The request's messages.
+        interrupted_marker: Argument prefix that marks a call cut off mid-stream.
+    """
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    patched: list[BaseMessage] = []
+    for message in messages:
+        patched.append(message)
+        if not isinstance(message, AIMessage):
+            continue
+        for call in message.invalid_tool_calls:
+            call_id = call.get("id")
+            if not call_id or call_id in answered:
+                continue
+            args = call.get("args") or ""
+            interrupted = bool(interrupted_marker) and args.startswith(interrupted_marker)
+            reason = call.get("error") or (
+                "its arguments were cut off when the response stream was interrupted."
+                if interrupted
+                else "its arguments were not a complete JSON object."
+            )
+            name = call.get("name") or "unknown"
+            patched.append(
+                ToolMessage(
+                    content=NOT_EXECUTED_REPLY.format(name=name, id=call_id, reason=reason),
+                    tool_call_id=call_id,
+                    name=name,
+                    status="error",
+                )
+            )
+            answered.add(call_id)
+    return patched
+
+
 def estimate_tokens(chars: int) -> int:
     """Estimate how many tokens ``chars`` characters of output took."""
     return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
@@ -93,12 +145,14 @@ class SeamFilter:
 
     def __init__(self, prefix: str, *, window: int = 1024, min_overlap: int = 3) -> None:
         self._prefix_ends_with_space = bool(prefix) and prefix[-1].isspace()
+        self._raw_tail = prefix[-window:]
         self._tail = prefix.rstrip()[-window:]
         self._window = window
         self._min_overlap = min_overlap
         self._buffer: list[str] = []
         self._buffered = 0
         self._decided = not self._tail
+        self._strip_leading = False
         self.removed_chars = 0
         """How many characters were dropped as repetition (including whitespace)."""
 
@@ -110,6 +164,11 @@ class SeamFilter:
     def feed(self, text: str) -> str:
         """Take the next piece of continuation text and return what may be released."""
         if self._decided:
+            if self._strip_leading:  # the repeat ended where the caller saw whitespace
+                stripped = text.lstrip()
+                self.removed_chars += len(text) - len(stripped)
+                self._strip_leading = not stripped
+                return stripped
             return text
         self._buffer.append(text)
         self._buffered += len(text)
@@ -139,6 +198,12 @@ class SeamFilter:
     def _decide(self, held: str) -> str:
         self._decided = True
         self._buffer = []
+        # a repetition that includes the whitespace at the seam (" br" after "quick br")
+        for size in range(min(len(held), len(self._raw_tail)), self._min_overlap - 1, -1):
+            piece = held[:size]
+            if piece.strip() and self._raw_tail.endswith(piece):
+                self.removed_chars += size
+                return held[size:]
         core = held.lstrip()
         overlap = 0
         for size in range(min(len(core), len(self._tail)), self._min_overlap - 1, -1):
@@ -153,5 +218,6 @@ class SeamFilter:
             return held
         if self._prefix_ends_with_space:
             rest = rest.lstrip()
+            self._strip_leading = not rest
         self.removed_chars += len(held) - len(rest)
         return rest

@@ -68,6 +68,26 @@ async def drive_async(
             else:
                 log.accepted.append([run_id, segment(epoch, worker, round_, step)])
             await asyncio.sleep(rng.random() * 0.002)
+    await zombie_write_async(store, run_id, worker, rounds, log)
+
+
+async def zombie_write_async(
+    store: RedisStreamCheckpointStore, run_id: str, worker: int, rounds: int, log: Log
+) -> None:
+    """Write once more with this worker's first epoch, which its own later claim made stale.
+
+    However the processes were scheduled, this write races a newer owner, so
+    every run sees at least one takeover attempt that must be refused.
+    """
+    first = next(epoch for rid, epoch in log.claims if rid == run_id)
+    current = await store.aget(run_id)
+    text = (current.partial_text if current else "") + segment(first, worker, rounds, 0)
+    try:
+        await store.aput(StreamCheckpoint(run_id=run_id, partial_text=text, epoch=first))
+    except StreamCheckpointFencedError:
+        log.fenced += 1
+    else:
+        log.accepted.append([run_id, segment(first, worker, rounds, 0)])
 
 
 def drive_sync(
@@ -94,6 +114,18 @@ def drive_sync(
             else:
                 with log.lock:
                     log.accepted.append([run_id, segment(epoch, worker, round_, step)])
+    with log.lock:
+        first = next(epoch for rid, epoch in log.claims if rid == run_id)
+    current = store.get(run_id)
+    text = (current.partial_text if current else "") + segment(first, worker, rounds, 0)
+    try:  # a zombie write with the first epoch: stale by this worker's own later claim
+        store.put(StreamCheckpoint(run_id=run_id, partial_text=text, epoch=first))
+    except StreamCheckpointFencedError:
+        with log.lock:
+            log.fenced += 1
+    else:
+        with log.lock:
+            log.accepted.append([run_id, segment(first, worker, rounds, 0)])
 
 
 async def main_async(store: RedisStreamCheckpointStore, worker: int, runs: int, rounds: int) -> Log:

@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import email.utils
 import functools
+import http.client
 import json
 import subprocess
 import sys
@@ -19,8 +20,12 @@ import httpcore
 import httpcore2
 import httpx
 import httpx2
+import langchain_core.exceptions
 import openai
 import pytest
+import requests
+import urllib3
+import urllib3.exceptions
 from anthropic._error_classes import make_status_error as anthropic_status_error
 from langchain_anthropic.chat_models import (
     AnthropicContextOverflowError,
@@ -472,6 +477,42 @@ def test_httpx_status_error_is_classified_by_its_response() -> None:
     assert (info.kind, info.retry_after, info.status_code) == (ErrorKind.OVERLOADED, 2.0, 503)
 
 
+def test_requests_http_error_is_classified_by_its_response() -> None:
+    response = requests.Response()
+    response.status_code = 429
+    response.headers["Retry-After"] = "12"
+    info = classify_error(requests.HTTPError("429 Client Error", response=response))
+    assert (info.kind, info.retryable, info.retry_after) == (ErrorKind.RATE_LIMITED, True, 12.0)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (requests.ConnectionError("connection aborted"), ErrorKind.CONNECTION),
+        (requests.exceptions.ChunkedEncodingError("body cut off"), ErrorKind.CONNECTION),
+        (requests.ReadTimeout("slow"), ErrorKind.TIMEOUT),
+        (requests.ConnectTimeout("slow"), ErrorKind.TIMEOUT),
+        (urllib3.exceptions.ProtocolError("connection broken"), ErrorKind.CONNECTION),
+        (
+            urllib3.exceptions.ReadTimeoutError(urllib3.HTTPConnectionPool("p.test"), "/", "slow"),
+            ErrorKind.TIMEOUT,
+        ),
+        (http.client.IncompleteRead(b"partial"), ErrorKind.CONNECTION),
+        (http.client.RemoteDisconnected("closed"), ErrorKind.CONNECTION),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_requests_and_urllib3_transport_errors_are_retryable(
+    exc: Exception, kind: ErrorKind
+) -> None:
+    assert (classify_error(exc).kind, classify_error(exc).retryable) == (kind, True)
+
+
+def test_certificate_errors_are_not_retried() -> None:
+    for exc in (requests.exceptions.SSLError("bad cert"), urllib3.exceptions.SSLError("bad")):
+        assert not classify_error(exc).retryable
+
+
 def test_error_info_serializes_to_json() -> None:
     info = classify_error(openai_status_error(429, None, {"retry-after": "1"}))
     assert json.loads(json.dumps(info.as_dict()))["kind"] == "rate_limited"
@@ -500,3 +541,25 @@ def test_importing_the_package_imports_no_provider_sdk() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_every_http_error_status_has_a_kind_and_only_transient_ones_retry() -> None:
+    transient = {408, 409, 429}
+    for status in range(400, 600):
+        info = classify_error(anthropic_error(status))
+        assert info.kind is not ErrorKind.UNKNOWN, status
+        assert info.retryable == (status >= 500 or status in transient), status
+
+
+def _is_model_error_class(value: object) -> bool:
+    return isinstance(value, type) and issubclass(value, ModelError)
+
+
+@pytest.mark.parametrize(
+    "error_class",
+    [cls for cls in vars(langchain_core.exceptions).values() if _is_model_error_class(cls)],
+    ids=lambda cls: cls.__name__,
+)
+def test_classification_agrees_with_langchain_is_retryable(error_class: type[ModelError]) -> None:
+    exc = error_class()
+    assert classify_error(exc).retryable == error_class.is_retryable

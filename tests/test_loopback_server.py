@@ -22,6 +22,7 @@ from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk, HumanMessage
 from langchain_openai import ChatOpenAI
 
+from awaken_langchain import RecoveringChatModel
 from awaken_langchain.testing import (
     DEFAULT_SHAPE_RULES,
     NO_ASSISTANT_PREFILL,
@@ -30,7 +31,9 @@ from awaken_langchain.testing import (
     RecordedRequest,
     Scenario,
     ScriptedToolCall,
+    ShapeRule,
     TokenUsage,
+    continuation_responder,
     echo_responder,
     periodic_fault,
 )
@@ -581,6 +584,48 @@ def test_echo_responder_answers_with_last_user_message() -> None:
     assert message.text == "You said: ping pong"
 
 
+def continuation_request(prefix: str) -> list[dict[str, Any]]:
+    return [
+        user("Tell me a sentence."),
+        {"role": "assistant", "content": prefix},
+        user("Continue exactly where you stopped."),
+    ]
+
+
+def test_continuation_responder_answers_the_rest_of_the_text() -> None:
+    responder = continuation_responder(Scenario(text=TEXT, chunk_size=3), overlap=4)
+    with LoopbackProvider(default=responder) as server:
+        client = anthropic_client(server)
+        first = client.messages.create(**anthropic_body([user("Tell me a sentence.")]))
+        rest = client.messages.create(**anthropic_body(continuation_request(TEXT[:19])))
+        next_turn = client.messages.create(
+            **anthropic_body([*continuation_request(TEXT)[:2], user("Again?")])
+        )
+    assert [first.content[0].text, rest.content[0].text, next_turn.content[0].text] == [
+        TEXT,
+        TEXT[15:],
+        TEXT,
+    ]
+    with pytest.raises(ValueError, match="overlap >= 0"):
+        continuation_responder(Scenario(text=TEXT), overlap=-1)
+
+
+def test_recovering_model_continues_a_dropped_stream_from_the_loopback(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(6)))
+    server.default = continuation_responder(Scenario(text=TEXT), overlap=5)
+    model = RecoveringChatModel(model=chat_anthropic(server))
+    chunks = list(model.stream("Tell me a sentence."))
+    assert "".join(chunk.text for chunk in chunks) == TEXT
+    first, continuation = server.requests
+    assert first.scenario is not None
+    assert first.scenario.fault is not None
+    assert continuation.rejected_by is None
+    assert continuation.messages[-2] == {"role": "assistant", "content": TEXT[:16].rstrip()}
+    assert continuation.messages[-1]["role"] == "user"
+
+
 def test_responder_sees_the_request(server: LoopbackProvider) -> None:
     seen: list[RecordedRequest] = []
 
@@ -614,6 +659,8 @@ def test_scenario_rejects_invalid_settings() -> None:
         Scenario(chunk_size=0)
     with pytest.raises(ValueError, match="4xx/5xx"):
         Fault.http_error(200)
+    with pytest.raises(ValueError, match="JSON-serialisable"):
+        ScriptedToolCall("f", {"when": object()})
     with pytest.raises(ValueError, match="timezone-aware"):
         Fault.rate_limited(retry_after=datetime(2030, 1, 1))
 
@@ -904,6 +951,27 @@ def test_failing_responder_answers_500_naming_the_error(server: LoopbackProvider
         chat_openai(server).invoke("hi")
 
 
+def test_responder_returning_no_scenario_answers_500_naming_the_value(
+    server: LoopbackProvider,
+) -> None:
+    server.default = lambda request: None  # type: ignore[assignment,return-value]
+    with pytest.raises(openai.InternalServerError, match="must return a Scenario"):
+        chat_openai(server).invoke("hi")
+
+
+def test_failing_shape_rule_answers_500_and_is_reported_in_errors() -> None:
+    def crash(body: Any) -> str | None:
+        raise RuntimeError("rule bug")
+
+    rule = ShapeRule("openai.crash", "openai", "Always crashes.", crash)
+    with (
+        LoopbackProvider(shape_rules=[rule]) as server,
+        pytest.raises(openai.InternalServerError, match="rule bug"),
+    ):
+        chat_openai(server).invoke("hi")
+    assert [repr(error) for error in server.errors] == ["RuntimeError('rule bug')"]
+
+
 def test_periodic_fault_breaks_every_nth_default_answer() -> None:
     responder = periodic_fault(Scenario(text=TEXT), Fault.drop_after_events(2), every=2)
     with LoopbackProvider(default=responder) as server:
@@ -1036,6 +1104,7 @@ def test_server_public_names_are_exported_from_testing() -> None:
         "ScriptedToolCall",
         "ShapeRule",
         "TokenUsage",
+        "continuation_responder",
         "echo_responder",
         "periodic_fault",
     ]
@@ -1070,3 +1139,10 @@ def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> No
     block = doc.split("at it::\n", 1)[1].split("\n\nThis prints", 1)[0]
     exec(textwrap.dedent(block), {})
     assert capsys.readouterr().out == "Hell <connection dropped>\n"
+
+
+def test_readme_testing_example_runs() -> None:
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Testing your own recovery", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(block, {})

@@ -268,3 +268,50 @@ async def test_async_resume_from_a_checkpoint() -> None:
     assert "".join(str(c.content) for c in chunks) == "Async begins and ends."
     assert inner.calls[0].messages[1].content == "Async begins"
     assert await store.aget(str(run_id)) is None
+
+
+def _fenced_at_the_closing_write(store: StreamCheckpointStore, run_id: uuid.UUID) -> None:
+    """Another process takes the run over after the last cadence write."""
+    key = str(run_id)
+    store.put(StreamCheckpoint(run_id=key, partial_text="the new owner's", epoch=store.claim(key)))
+
+
+def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoint() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    model, _ = process(
+        store,
+        [*text("Done."), finish()],
+        keep_until_committed=True,
+        checkpoint_every_chunks=1000,
+        checkpoint_every_seconds=3600,
+    )
+    stream = model.stream("q", config=run_config(run_id))
+    received = [next(stream)]
+    _fenced_at_the_closing_write(store, run_id)
+    received += list(stream)
+    awaken = received[-1].response_metadata["awaken"]
+    assert awaken["checkpoint_complete"] is False  # release_committed must not delete the run
+    saved = store.get(str(run_id))
+    assert saved is not None
+    assert (saved.partial_text, saved.complete) == ("the new owner's", False)
+
+
+async def test_async_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoint() -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    model, _ = process(
+        store,
+        [*text("Done."), finish()],
+        keep_until_committed=True,
+        checkpoint_every_chunks=1000,
+        checkpoint_every_seconds=3600,
+    )
+    stream = model.astream("q", config=run_config(run_id))
+    received = [await anext(stream)]
+    _fenced_at_the_closing_write(store, run_id)
+    received += [c async for c in stream]
+    assert received[-1].response_metadata["awaken"]["checkpoint_complete"] is False
+    saved = await store.aget(str(run_id))
+    assert saved is not None
+    assert saved.partial_text == "the new owner's"

@@ -4,6 +4,7 @@ import awaken_langchain
 def test_public_names_are_pinned() -> None:
     assert sorted(awaken_langchain.__all__) == sorted(
         [
+            "AsyncStreamCheckpointHandler",
             "AwakenError",
             "DiskCacheStreamCheckpointStore",
             "FileStreamCheckpointStore",
@@ -15,7 +16,9 @@ def test_public_names_are_pinned() -> None:
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
+            "StreamCheckpointHandler",
             "StreamCheckpointStore",
+            "StreamCheckpointWarning",
             "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ import redis
 
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.stores._base import Head
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from tests.conftest import FakeClock
 from tests.redis_server import RedisServer, redis_server_binary, unique_prefix
@@ -195,6 +197,29 @@ def test_store_clock_expires_a_checkpoint_before_redis_does(
         assert store.gc() == 1
         assert raw.exists(f"{store.prefix}:{{old}}:head") == 0
         assert store.get("young") is not None
+
+
+def test_gc_keeps_a_checkpoint_rewritten_while_it_was_deciding(
+    redis_server: RedisServer,
+) -> None:
+    clock = FakeClock()
+    prefix = unique_prefix()
+    with (
+        RedisStreamCheckpointStore(redis_server.url, prefix=prefix, ttl=60, clock=clock) as gc,
+        RedisStreamCheckpointStore(redis_server.url, prefix=prefix, ttl=60) as writer,
+    ):
+        gc.put(checkpoint("run-1", "old"))
+        clock.now += 61
+
+        def expired_but_rewritten_meanwhile(head: Head) -> bool:
+            writer.put(checkpoint("run-1", "written by a live worker"))
+            return gc.is_expired(head.updated_at)
+
+        # the collector saw an expired head; a worker rewrote the run before the delete
+        assert gc._backend_delete("run-1", None, expired_but_rewritten_meanwhile) is False
+        found = writer.get("run-1")
+        assert found is not None
+        assert found.partial_text == "written by a live worker"
 
 
 # -- delta writes ----------------------------------------------------------------
@@ -465,6 +490,26 @@ def test_one_store_serves_several_event_loops(redis_server: RedisServer) -> None
     assert second.partial_text == "one two"
 
 
+async def test_async_with_closes_the_event_loops_connections(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    name = unique_prefix()
+
+    def connections() -> int:
+        return sum(client["name"] == name for client in raw.client_list())
+
+    async with RedisStreamCheckpointStore.from_url(
+        redis_server.url, prefix=name, client_name=name
+    ) as store:
+        await store.aput(checkpoint("run-1", "text"))
+        assert connections() == 1
+    for _ in range(500):  # the server notices a closed socket on its next loop turn
+        if connections() == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert connections() == 0
+
+
 def test_importing_the_package_does_not_need_redis_and_the_store_names_the_extra() -> None:
     code = (
         "import sys\n"
@@ -627,3 +672,62 @@ def test_put_benchmark_measures_redis_and_a_small_delta_sends_few_bytes(
     assert large.append_bytes < 2_000
     assert large.append_bytes - small.append_bytes < 100
     assert "redis" in capsys.readouterr().out
+
+
+CRASHING_HOST = """
+import sys, uuid
+from awaken_langchain.model import RecoveringChatModel
+from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+from awaken_langchain.testing.scripted import ScriptedChatModel, Stall, text
+
+url, prefix, run_id = sys.argv[1:4]
+store = RedisStreamCheckpointStore(url, prefix=prefix)
+inner = ScriptedChatModel(scripts=[[*text("The first host wrote this, "), Stall(60)]])
+model = RecoveringChatModel(model=inner, store=store, checkpoint_every_chunks=1)
+for chunk in model.stream("q", config={"run_id": uuid.UUID(run_id)}):
+    print(chunk.content, end="", flush=True)
+"""
+
+
+def test_a_turn_cut_off_by_a_killed_host_is_finished_by_another(
+    redis_server: RedisServer,
+) -> None:
+    from awaken_langchain.model import RecoveringChatModel
+    from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
+
+    prefix, run_id = unique_prefix(), uuid.uuid4()
+    first_part = "The first host wrote this, "
+    host = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_HOST, redis_server.url, prefix, str(run_id)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+    )
+    try:
+        assert host.stdout is not None
+        shown = b""
+        while len(shown) < len(first_part.encode()):
+            piece = host.stdout.read1(64)
+            assert piece, "the first host exited before streaming its text"
+            shown += piece
+        assert shown.decode() == first_part
+        with RedisStreamCheckpointStore(redis_server.url, prefix=prefix) as store:
+            for _ in range(500):  # the checkpoint of the last chunk follows its yield
+                saved = store.get(str(run_id))
+                if saved is not None and saved.partial_text == first_part:
+                    break
+                time.sleep(0.01)
+            host.kill()  # the host dies mid-stream, as in a crash
+
+            inner = ScriptedChatModel(scripts=[[*text("and the second finished it."), finish()]])
+            model = RecoveringChatModel(model=inner, store=store)
+            chunks = list(model.stream("q", config={"run_id": run_id}))
+            assert "".join(str(c.content) for c in chunks) == (
+                first_part + "and the second finished it."
+            )
+            assert chunks[-1].response_metadata["awaken"]["resumed"] is True
+            assert inner.calls[0].messages[1].content == first_part.rstrip()
+            assert store.get(str(run_id)) is None
+    finally:
+        host.kill()
+        host.wait(timeout=10)

@@ -19,7 +19,12 @@ from awaken_langchain import RecoveringChatModel
 from awaken_langchain.testing import LoopbackProvider, echo_responder
 
 # langchain-openai caches its async HTTP client per base URL: share one event loop
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.filterwarnings(
+        "ignore:The test <Function .* is marked with '@pytest.mark.asyncio'"
+    ),
+]
 
 _SERVER: LoopbackProvider | None = None
 

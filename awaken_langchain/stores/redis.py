@@ -3,10 +3,10 @@
 Each run is kept under three keys sharing one hash tag, so that they live in one
 cluster slot and one Lua script can touch them all::
 
-    {prefix}:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
+    <prefix>:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
                                 and "write_id" (the write that produced it)
-    {prefix}:{<run_id>}:text    string: the partial text as UTF-8, appended in place
-    {prefix}:{<run_id>}:epoch   integer: the fencing counter; never expires
+    <prefix>:{<run_id>}:text    string: the partial text as UTF-8, appended in place
+    <prefix>:{<run_id>}:epoch   integer: the fencing counter; never expires
 
 Every write is one Lua script that compares the writer's epoch with the counter
 and only then touches the head and text, so a stale writer on another host is
@@ -180,8 +180,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     async methods get one ``redis.asyncio`` client per event loop) or ready
     clients (borrowed: the store never closes them). With only a sync
     ``client``, the async methods run it in a worker thread. Async code should
-    ``await store.aclose()`` before its event loop ends, as with any
-    ``redis.asyncio`` client, so that loop's connections are closed cleanly.
+    use ``async with`` (or ``await store.aclose()``) before its event loop ends,
+    as with any ``redis.asyncio`` client, so that loop's connections are closed.
 
     Example:
         ```python
@@ -192,7 +192,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         url: A ``redis://``, ``rediss://`` (TLS) or ``unix://`` URL.
         client: A ``redis.Redis`` to use instead of a URL (borrowed).
         async_client: A ``redis.asyncio.Redis`` for the async methods (borrowed).
-        prefix: Namespace of every key the store writes (``{prefix}:{<run_id>}:...``).
+        prefix: Namespace of every key the store writes: ``<prefix>:{<run_id>}:...``
+            (the braces are literal, a Redis hash tag).
         ttl: Seconds after its last write when a checkpoint expires (also set as
             the keys' Redis expiry), or ``None`` to keep checkpoints until deleted.
         max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
@@ -553,6 +554,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             reply = await bound.delete(keys=self._keys(run_id), args=self._delete_args(epoch, None))
             self._delete_result(run_id, epoch, reply)
         return None
+
+    async def __aenter__(self) -> RedisStreamCheckpointStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the clients the store created, including this event loop's async one."""

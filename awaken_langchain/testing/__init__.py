@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         ScriptedToolCall,
         ShapeRule,
         TokenUsage,
+        continuation_responder,
         echo_responder,
         periodic_fault,
     )
@@ -64,6 +65,7 @@ __all__ = [
     "ShapeRule",
     "Stall",
     "TokenUsage",
+    "continuation_responder",
     "echo_responder",
     "finish",
     "text",

@@ -61,6 +61,18 @@ class ScriptedToolCall:
     arguments: Mapping[str, Any] | str | Sequence[str] = field(default_factory=dict)
     id: str | None = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.arguments, Mapping):
+            try:
+                self.arguments_json  # noqa: B018 - encode once to fail early
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"tool call {self.name!r}: arguments must be JSON-serialisable ({exc}); "
+                    "pass a JSON string to script arbitrary argument text"
+                ) from exc
+        elif not isinstance(self.arguments, str):
+            object.__setattr__(self, "arguments", tuple(self.arguments))
+
     @property
     def arguments_json(self) -> str:
         """The complete argument text, as the client reassembles it."""

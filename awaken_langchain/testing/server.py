@@ -39,8 +39,10 @@ delta arrived before the drop.
 In pytest, enable the ``loopback_provider`` fixture with
 ``pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]`` in a
 ``conftest.py``. Run the server standalone (for demos) with
-``python -m awaken_langchain.testing.server --port 8765 --echo``; add
-``--fault drop --fault-every 3`` to break every third answer mid-stream.
+``python -m awaken_langchain.testing.server --port 8765 --text "..."``; add
+``--fault drop --fault-every 3`` to break every third answer mid-stream
+(continuation requests get the rest of the text, see
+:func:`continuation_responder`), or ``--echo`` to repeat the user's message.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import itertools
 import json
 import logging
@@ -106,6 +109,7 @@ __all__ = [
     "ScriptedToolCall",
     "ShapeRule",
     "TokenUsage",
+    "continuation_responder",
     "echo_responder",
     "periodic_fault",
 ]
@@ -184,6 +188,40 @@ def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Respon
     return respond
 
 
+def continuation_responder(answer: Scenario, *, overlap: int = 0) -> Responder:
+    """A responder that behaves like a model asked to continue an interrupted answer.
+
+    Every request is answered with ``answer``, except a continuation: when the
+    last assistant message in the request is a non-empty beginning of
+    ``answer``'s text (a saved prefix, sent without trailing whitespace), only
+    the rest of the text is sent. Set ``overlap`` to repeat that many characters
+    of the prefix first, as real models often do at the seam. Combine it with
+    :func:`periodic_fault` for an offline demo in which interrupted streams
+    are continued and still add up to ``answer``.
+
+    Args:
+        answer: The complete answer: its text is what continuations continue;
+            its other fields (tool calls, chunking, pacing...) are kept.
+        overlap: Characters of the prefix to repeat at the start of a
+            continuation.
+
+    Returns:
+        A responder usable as ``LoopbackProvider(default=...)``.
+    """
+    if overlap < 0:
+        raise ValueError(f"continuation_responder needs overlap >= 0, got {overlap}")
+    full = answer.full_text
+
+    def respond(request: RecordedRequest) -> Scenario:
+        prefix = _last_assistant_text(request.messages)
+        if prefix and full.startswith(prefix) and len(prefix) < len(full):
+            start = max(0, len(prefix) - overlap)
+            return dataclasses.replace(answer, text=full[start:])
+        return answer
+
+    return respond
+
+
 def periodic_fault(base: Scenario | Responder, fault: Fault, *, every: int) -> Responder:
     """A responder that answers like ``base`` but injects ``fault`` into every Nth answer.
 
@@ -254,6 +292,7 @@ class LoopbackProvider:
         self._server: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._connections: dict[socket.socket, threading.Thread] = {}
+        self._errors: list[Exception] = []
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -297,7 +336,8 @@ class LoopbackProvider:
         for connection in connections:
             _shutdown_quietly(connection)
         for handler_thread in connections.values():
-            handler_thread.join(timeout=5)
+            if handler_thread is not threading.current_thread():
+                handler_thread.join(timeout=5)
         if thread is not None:
             thread.join(timeout=5)
         self._server = None
@@ -388,6 +428,17 @@ class LoopbackProvider:
         """The requests received in ``provider``'s wire format, oldest first."""
         return [r for r in self.requests if r.provider == provider]
 
+    @property
+    def errors(self) -> list[Exception]:
+        """Exceptions the server itself raised while answering (a copy).
+
+        Client disconnects are normal and not listed. Anything here is a bug in
+        the server or in a responder's scenario; the ``loopback_provider``
+        pytest fixture fails the test when this is not empty.
+        """
+        with self._lock:
+            return list(self._errors)
+
     def reset(self) -> None:
         """Forget recorded requests and queued scenarios (request numbers keep counting)."""
         with self._lock:
@@ -419,16 +470,27 @@ class LoopbackProvider:
             self._requests.append(request)
         return request, rejection[1] if rejection is not None else None
 
+    def _record_error(self, error: Exception) -> None:
+        with self._lock:
+            self._errors.append(error)
+
     def _answer_by_default(self, request: RecordedRequest) -> Scenario:
         default = self._default
         if isinstance(default, Scenario):
             return default
         try:
-            return default(request)
+            scenario = default(request)
         except Exception as exc:
             logger.exception("the loopback provider's default responder failed")
             message = f"loopback provider: the default responder raised {exc!r}"
             return Scenario(name="responder-error", fault=Fault.http_error(500, message=message))
+        if not isinstance(scenario, Scenario):
+            message = (
+                f"loopback provider: the default responder returned {scenario!r}; "
+                "it must return a Scenario"
+            )
+            return Scenario(name="responder-error", fault=Fault.http_error(500, message=message))
+        return scenario
 
     def _take(self, provider: Provider) -> Scenario | None:
         for i, scenario in enumerate(self._queue):
@@ -473,6 +535,8 @@ class _HTTPServer(ThreadingHTTPServer):
             logger.debug("connection from %s ended: %r", client_address, error)
         else:
             logger.error("error answering %s", client_address, exc_info=error)
+            if isinstance(error, Exception):
+                self.provider._record_error(error)
 
 
 @dataclass(frozen=True)
@@ -569,6 +633,7 @@ def _stall_steps(fault: Fault | None, keepalive: Frame | None) -> list[_Step]:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _HTTPServer
+    _status_sent = False
     server_version = "loopback-provider"
 
     @property
@@ -577,6 +642,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Events are small writes: send each at once, as streaming servers do.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.provider._register(self.connection)
 
     def finish(self) -> None:
@@ -588,11 +655,27 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("%s " + format, self.address_string(), *args)
 
     def do_POST(self) -> None:
+        self._status_sent = False
         try:
             self._handle()
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
             # The client went away (for example after a read timeout): nothing to answer.
             self.close_connection = True
+        except Exception as error:
+            # A bug in the server, a responder or a shape rule: make it loud.
+            logger.error("error answering %s %s", self.command, self.path, exc_info=error)
+            self.provider._record_error(error)
+            if self._status_sent:
+                self._drop(reset=False)
+            else:
+                message = f"the loopback provider failed: {error!r}"
+                body = {"error": {"message": message, "type": "server_error"}}
+                self._send_json(500, body)
+                self.close_connection = True
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self._status_sent = True
+        super().send_response(code, message)
 
     do_GET = do_PUT = do_DELETE = do_PATCH = do_POST
 
@@ -803,6 +886,8 @@ class _Handler(BaseHTTPRequestHandler):
                 with contextlib.suppress(OSError):
                     stream.close()
             self.connection.close()
+            # The request loop still flushes and closes its streams: give it inert ones.
+            self.rfile, self.wfile = io.BytesIO(), io.BytesIO()
         else:
             _shutdown_quietly(self.connection)
 
@@ -858,9 +943,10 @@ def _shutdown_quietly(connection: socket.socket) -> None:
         connection.shutdown(socket.SHUT_RDWR)
 
 
-def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+def _last_text(messages: Sequence[Mapping[str, Any]], role: str, joiner: str) -> str:
+    """The text of the last message with ``role`` (string or text-block content)."""
     for message in reversed(messages):
-        if message.get("role") != "user":
+        if message.get("role") != role:
             continue
         content = message.get("content")
         if isinstance(content, str):
@@ -871,8 +957,17 @@ def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
                 for block in content
                 if isinstance(block, Mapping) and block.get("type") == "text"
             ]
-            return " ".join(texts)
+            return joiner.join(texts)
+        return ""
     return ""
+
+
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    return _last_text(messages, "user", " ")
+
+
+def _last_assistant_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    return _last_text(messages, "assistant", "")
 
 
 # -- command line ---------------------------------------------------------------------
@@ -893,8 +988,9 @@ _CLI_FAULTS: dict[str, Callable[[argparse.Namespace], Fault]] = {
 
 
 def _cli_default(args: argparse.Namespace) -> Scenario | Responder:
-    base: Scenario | Responder = Scenario(
-        text=args.text, chunk_size=args.chunk_size, delay=args.delay
+    base: Scenario | Responder = continuation_responder(
+        Scenario(text=args.text, chunk_size=args.chunk_size, delay=args.delay),
+        overlap=args.overlap,
     )
     if args.echo:
         echo = echo_responder(chunk_size=args.chunk_size)
@@ -926,7 +1022,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="interface (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="port; 0 picks a free one")
-    parser.add_argument("--text", default=DEFAULT_ANSWER, help="the answer to every request")
+    parser.add_argument(
+        "--text",
+        default=DEFAULT_ANSWER,
+        help="the answer to every request; a continuation request gets the rest of it",
+    )
+    parser.add_argument(
+        "--overlap", type=int, default=0, help="characters a continuation repeats at the seam"
+    )
     parser.add_argument("--echo", action="store_true", help="answer with the last user message")
     parser.add_argument("--chunk-size", type=int, default=4, help="characters per delta")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between events")
@@ -939,8 +1042,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--stall-seconds", type=float, default=5.0, help="length of a stall")
     args = parser.parse_args(argv)
-    if args.fault_every < 1 or args.fault_after_events < 0 or args.chunk_size < 1:
-        parser.error("--fault-every and --chunk-size must be >= 1, --fault-after-events >= 0")
+    if args.fault_every < 1 or args.chunk_size < 1:
+        parser.error("--fault-every and --chunk-size must be >= 1")
+    if args.fault_after_events < 0 or args.overlap < 0:
+        parser.error("--fault-after-events and --overlap must be >= 0")
 
     done = threading.Event()
 
