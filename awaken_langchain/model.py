@@ -355,14 +355,8 @@ class _Turn:
         )
 
     def saved(self) -> None:
-        """A write ended: the time cadence counts from now.
-
-        Counting from when the write began would make every chunk after a
-        write slower than ``checkpoint_every_seconds`` due at once, so a slow
-        store (or many turns sharing one) would be written on every chunk, and
-        slowed down further by it.
-        """
-        self._last_put = self.policy.clock()
+        """A checkpoint write ended (see `CheckpointCadence.write_ended`)."""
+        self.cadence.write_ended()
 
     def store_failed(self, exc: StreamCheckpointError) -> str:
         """Record a store failure; a fenced writer stops checkpointing."""
