@@ -200,8 +200,17 @@ class TurnAccumulator:
         self._seam = SeamFilter(self.text) if continuing and self.text else None
 
     def feed(self, generation: ChatGenerationChunk) -> list[AIMessageChunk]:
-        """Take one chunk of the inner model and return the chunks to yield."""
+        """Take one chunk of the inner model and return the chunks to yield.
+
+        A chunk of plain text (the common case) is passed on as the same
+        message object, given the turn's id and stripped of its per-chunk
+        metadata; callers may then pass on ``generation`` itself.
+        """
         self.chunks_in_attempt += 1
+        plain = self._plain_text(generation)
+        if plain is not None:
+            self.emitted_in_attempt += 1
+            return [plain]
         message = generation.message
         out: list[AIMessageChunk] = []
         text = _text_of(message.content)
@@ -296,6 +305,40 @@ class TurnAccumulator:
         )
 
     # -- internals --------------------------------------------------------------------
+
+    def _plain_text(self, generation: ChatGenerationChunk) -> AIMessageChunk | None:
+        """Take a chunk that carries nothing but text, reusing its message; else ``None``.
+
+        Building a new chunk per token costs as much as the inner model's own
+        chunk; a text-only chunk needs no rewriting beyond its id and metadata,
+        which `feed` would drop from the yielded chunk anyway (the metadata is
+        merged into the turn's, as `feed` does).
+        """
+        message = generation.message
+        if (
+            type(message) is not AIMessageChunk
+            or generation.generation_info
+            or message.tool_call_chunks
+            or message.additional_kwargs
+            or message.usage_metadata
+            or message.chunk_position is not None
+            or message.name is not None
+            or self.terminal
+            or (self._seam is not None and self._seam.pending)
+        ):
+            return None
+        content = message.content
+        if type(content) is not str or not content:
+            return None
+        metadata = message.response_metadata
+        if metadata:
+            if any(metadata.get(key) for key in _TERMINAL_KEYS):
+                return None
+            self._merge_metadata(metadata)
+            message.response_metadata = {}
+        self._text_parts.append(content)
+        message.id = self.message_id
+        return message
 
     def _text_chunk(self, text: str) -> AIMessageChunk:
         self._text_parts.append(text)

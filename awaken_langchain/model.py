@@ -464,33 +464,96 @@ class _Pump:
             self._stop.set()
 
 
+class _IdleWatch:
+    """One timer for a whole stream, cancelling the task whose wait for a chunk ran too long.
+
+    A timer per wait (``asyncio.timeout`` around each read) costs about as much
+    as the chunk itself. Here each wait only records when it began; the single
+    timer, when it fires, cancels the waiting task if the current wait has
+    lasted ``timeout`` seconds, and otherwise re-arms itself for that wait's
+    deadline. Time the caller spends between reads never counts.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.expired = False
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._since: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def begin(self) -> None:
+        """A wait for the next chunk starts now."""
+        self._task = asyncio.current_task()
+        self._since = now = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(now + self.timeout, self._check)
+
+    def end(self) -> None:
+        """The wait is over (a chunk, the end, or an error arrived)."""
+        self._since = None
+
+    def stalled(self) -> bool:
+        """After a cancellation: whether it was this watch's, and the only one pending."""
+        return self.expired and self._task is not None and self._task.uncancel() == 0
+
+    def close(self) -> None:
+        """Stop the timer."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        self._handle = None
+        if self._since is None or self._task is None:
+            return  # not waiting: the next wait arms the timer again
+        deadline = self._since + self.timeout
+        if self._loop.time() >= deadline:
+            self.expired = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(deadline, self._check)
+
+
 async def _with_idle_timeout(
     source: AsyncIterator[ChatGenerationChunk], idle_timeout: float | None
 ) -> AsyncIterator[ChatGenerationChunk]:
     """Yield from ``source``, raising `StreamStalledError` after ``idle_timeout`` idle seconds."""
     iterator = source.__aiter__()
     received = 0
+    watch = _IdleWatch(idle_timeout) if idle_timeout is not None else None
     try:
-        if idle_timeout is None:
+        if watch is None:
             async for item in iterator:
                 yield item
             return
         while True:
+            watch.begin()
             try:
-                async with asyncio.timeout(idle_timeout) as scope:
-                    item = await anext(iterator)
+                item = await anext(iterator)
             except StopAsyncIteration:
                 return
-            except TimeoutError:
-                if scope.expired():
-                    raise StreamStalledError(idle_timeout, received) from None
+            except asyncio.CancelledError:
+                if watch.stalled():
+                    raise StreamStalledError(watch.timeout, received) from None
                 raise
+            finally:
+                watch.end()
             received += 1
             yield item
     finally:
+        if watch is not None:
+            watch.close()
         close = getattr(iterator, "aclose", None)
         if close is not None:
             await close()
+
+
+def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGenerationChunk:
+    """Wrap a chunk to yield; the received generation is reused when it carries it."""
+    if chunk is received.message:
+        return received
+    return ChatGenerationChunk(message=chunk)
 
 
 def _whole_message_chunk(message: BaseMessage) -> ChatGenerationChunk:
@@ -784,7 +847,7 @@ class RecoveringChatModel(BaseChatModel):
                 for generation in self._inner_chunks(turn, request):
                     out, due = turn.on_chunk(generation)
                     for chunk in out:
-                        yield ChatGenerationChunk(message=chunk)
+                        yield _generation(chunk, generation)
                     if due:
                         self._save(turn)
                 turn.check_complete()
@@ -921,7 +984,7 @@ class RecoveringChatModel(BaseChatModel):
                 async for generation in self._ainner_chunks(turn, request):
                     out, due = turn.on_chunk(generation)
                     for chunk in out:
-                        yield ChatGenerationChunk(message=chunk)
+                        yield _generation(chunk, generation)
                     if due:
                         await self._asave(turn)
                 turn.check_complete()

@@ -145,12 +145,14 @@ class SeamFilter:
 
     def __init__(self, prefix: str, *, window: int = 1024, min_overlap: int = 3) -> None:
         self._prefix_ends_with_space = bool(prefix) and prefix[-1].isspace()
+        self._raw_tail = prefix[-window:]
         self._tail = prefix.rstrip()[-window:]
         self._window = window
         self._min_overlap = min_overlap
         self._buffer: list[str] = []
         self._buffered = 0
         self._decided = not self._tail
+        self._strip_leading = False
         self.removed_chars = 0
         """How many characters were dropped as repetition (including whitespace)."""
 
@@ -162,6 +164,11 @@ class SeamFilter:
     def feed(self, text: str) -> str:
         """Take the next piece of continuation text and return what may be released."""
         if self._decided:
+            if self._strip_leading:  # the repeat ended where the caller saw whitespace
+                stripped = text.lstrip()
+                self.removed_chars += len(text) - len(stripped)
+                self._strip_leading = not stripped
+                return stripped
             return text
         self._buffer.append(text)
         self._buffered += len(text)
@@ -191,6 +198,12 @@ class SeamFilter:
     def _decide(self, held: str) -> str:
         self._decided = True
         self._buffer = []
+        # a repetition that includes the whitespace at the seam (" br" after "quick br")
+        for size in range(min(len(held), len(self._raw_tail)), self._min_overlap - 1, -1):
+            piece = held[:size]
+            if piece.strip() and self._raw_tail.endswith(piece):
+                self.removed_chars += size
+                return held[size:]
         core = held.lstrip()
         overlap = 0
         for size in range(min(len(core), len(self._tail)), self._min_overlap - 1, -1):
@@ -205,5 +218,6 @@ class SeamFilter:
             return held
         if self._prefix_ends_with_space:
             rest = rest.lstrip()
+            self._strip_leading = not rest
         self.removed_chars += len(held) - len(rest)
         return rest

@@ -24,6 +24,7 @@ from awaken_langchain.testing import (
     RecordedRequest,
     Scenario,
     ScriptedToolCall,
+    continuation_responder,
 )
 
 # one event loop for the module: the SDKs' async clients are shared between tests
@@ -39,17 +40,9 @@ def _text_of(content: Any) -> str:
     return "".join(b.get("text", "") for b in content if isinstance(b, dict))
 
 
-def continuing(full: str) -> Any:
-    """A responder that behaves like a model asked to continue: it resumes after the prefix."""
-
-    def respond(request: RecordedRequest) -> Scenario:
-        messages = request.messages
-        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
-            prefix = _text_of(messages[-2].get("content"))
-            return Scenario(text=full[len(prefix) :])
-        return Scenario(text=full)
-
-    return respond
+def continuing(full: str, overlap: int = 0) -> Any:
+    """A model asked to continue: it resumes after the saved prefix."""
+    return continuation_responder(Scenario(text=full), overlap=overlap)
 
 
 class Sleeps:
@@ -236,6 +229,17 @@ async def test_interruption_after_output_is_continued_without_repeating_text(
     awaken = final(chunks).response_metadata["awaken"]
     assert awaken["plans"] == ["R1"]
     assert DEFAULT_CONTINUATION_PROMPT not in joined(chunks)
+
+
+@pytest.mark.parametrize("overlap", [3, 6, 12, 25])
+async def test_text_repeated_at_the_seam_is_removed(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, overlap: int
+) -> None:
+    server.default = continuing(ANSWER, overlap=overlap)
+    server.enqueue(Scenario(text=ANSWER, fault=Fault.drop_after_events(7)))
+    chunks = await run(wrapper(provider, server, sleeps), mode)
+    assert joined(chunks) == ANSWER
+    assert final(chunks).response_metadata["awaken"]["regenerated_output_tokens"] >= 1
 
 
 async def test_stalled_stream_is_continued(

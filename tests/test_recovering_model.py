@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -319,6 +320,32 @@ async def test_stalled_stream_is_an_interruption_in_async() -> None:
     message = await model.ainvoke("x")
     assert message.content == "Slow start then fine."
     assert len(inner.calls) == 2
+
+
+async def test_time_the_caller_spends_between_chunks_is_not_idle_time_in_async() -> None:
+    model, inner = wrap([*text("One two three four "), finish()], stream_idle_timeout=0.05)
+    chunks = []
+    async for chunk in model.astream("x"):
+        chunks.append(chunk)
+        await asyncio.sleep(0.03)  # 5 chunks: the caller is busy for longer than the timeout
+    assert "".join(str(c.content) for c in chunks) == "One two three four "
+    assert chunks[-1].response_metadata["awaken"]["interruptions"] == []
+    assert len(inner.calls) == 1
+
+
+async def test_cancelling_the_caller_is_not_reported_as_a_stall() -> None:
+    model, inner = wrap([*text("Slow start "), Stall(5.0), finish()], stream_idle_timeout=1.0)
+
+    async def consume() -> None:
+        async for _ in model.astream("x"):
+            pass
+
+    task = asyncio.create_task(consume())
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(inner.calls) == 1
 
 
 def test_reasoning_models_get_the_longer_idle_timeout() -> None:

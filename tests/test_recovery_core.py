@@ -59,6 +59,10 @@ def feed_all(seam: SeamFilter, pieces: list[str]) -> str:
         ("The quick brown", ["brown fox"], " fox"),
         ("It was inter", ["interrupted here"], "rupted here"),
         ("Hello, wor", ["world"], "ld"),
+        ("The quick br", [" br", "own fox"], "own fox"),
+        ("The quick brown fox ", ["ck brown fox", " jumps"], "jumps"),
+        ("The quick br", [" brown fox"], "own fox"),
+        ("Say it again", [" again and again"], " and again"),
         ("cat", ["at the door"], "at the door"),  # two letters are a coincidence
         ("abc", [""], ""),
     ],

@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES
+from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, StreamCheckpoint
 from awaken_langchain.stores._base import (
     DeltaCheckpointStore,
     Head,
@@ -98,3 +98,21 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         with self._lock:
             return list(self._heads.items())
+
+    # -- async twins: nothing here blocks, so they run inline (no thread hop) ------
+
+    async def aget(self, run_id: str) -> StreamCheckpoint | None:
+        """Async twin of :meth:`get`, run inline: the store does no I/O."""
+        return self.get(run_id)
+
+    async def aput(self, checkpoint: StreamCheckpoint) -> None:
+        """Async twin of :meth:`put`, run inline: the store does no I/O."""
+        self.put(checkpoint)
+
+    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
+        """Async twin of :meth:`delete`, run inline: the store does no I/O."""
+        self.delete(run_id, epoch=epoch)
+
+    async def aclaim(self, run_id: str) -> int:
+        """Async twin of :meth:`claim`, run inline: the store does no I/O."""
+        return self.claim(run_id)

@@ -1,0 +1,576 @@
+"""The ``awaken-langchain`` command.
+
+- ``awaken-langchain demo``: the whole mission, offline, against a loopback provider.
+- ``awaken-langchain chat --model PROVIDER:MODEL``: an interactive, recovering chat.
+- ``awaken-langchain checkpoints list|show|rm|gc``: operators see and manage in-flight turns.
+
+Exit status: 0 on success, 1 when the command ran but failed (a demo claim did
+not hold, a checkpoint was not found), 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from awaken_langchain._extras import PROVIDER_EXTRAS, CommandError, require, require_agents
+from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, encode_checkpoint
+from awaken_langchain.errors import StreamCheckpointError
+
+DEFAULT_DIR = Path(".awaken")
+"""Where ``demo`` and ``chat`` keep checkpoints and memory unless ``--dir`` says otherwise."""
+
+STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss:// or unix:// URL"
+
+
+# -- checkpoint stores by name ---------------------------------------------------------------
+
+
+def open_store(spec: str, *, ttl: float | None = None) -> StreamCheckpointStore:
+    """Open the checkpoint store that ``spec`` names.
+
+    Args:
+        spec: ``diskcache:PATH``, ``file:PATH``, or a ``redis://``, ``rediss://``
+            or ``unix://`` URL.
+        ttl: The store's TTL (what ``gc`` removes).
+
+    Raises:
+        CommandError: If ``spec`` is malformed, names a missing directory, or
+            needs an extra that is not installed.
+    """
+    scheme, sep, rest = spec.partition(":")
+    if scheme in ("redis", "rediss", "unix") and sep:
+        require("redis", "redis", purpose=f"--store {scheme}://...")
+        try:
+            redis_store = importlib.import_module("awaken_langchain.stores.redis")
+        except ImportError as exc:
+            raise CommandError(
+                "this version of awaken-langchain has no Redis checkpoint store "
+                f"(awaken_langchain.stores.redis: {exc}); upgrade awaken-langchain"
+            ) from exc
+        try:
+            store: StreamCheckpointStore = redis_store.RedisStreamCheckpointStore.from_url(
+                spec, ttl=ttl
+            )
+            return store
+        except (ValueError, StreamCheckpointError) as exc:
+            raise CommandError(f"--store {spec}: {exc}") from exc
+    if scheme in ("diskcache", "file") and sep:
+        if not rest:
+            raise CommandError(f"--store {spec} names no directory; write {scheme}:PATH")
+        path = Path(rest).expanduser()
+        if not path.is_dir():
+            raise CommandError(
+                f"--store {spec}: there is no checkpoint directory at {path}"
+                + (" (it is a file)" if path.exists() else "")
+            )
+        from awaken_langchain.stores.diskcache import DiskCacheStreamCheckpointStore
+        from awaken_langchain.stores.file import FileStreamCheckpointStore
+
+        store_class = (
+            DiskCacheStreamCheckpointStore if scheme == "diskcache" else FileStreamCheckpointStore
+        )
+        try:
+            return store_class(path, ttl=ttl)
+        except StreamCheckpointError as exc:
+            raise CommandError(f"--store {spec}: {exc}") from exc
+    raise CommandError(f"--store {spec!r} is not a checkpoint store; write {STORE_FORMS}")
+
+
+# -- checkpoints ---------------------------------------------------------------------------------
+
+
+def _row(store: StreamCheckpointStore, run_id: str, now: float) -> dict[str, Any]:
+    """One checkpoint as the operator sees it (or why it cannot be read)."""
+    try:
+        checkpoint = store.get(run_id)
+    except StreamCheckpointError as exc:
+        return {"run_id": run_id, "error": str(exc)}
+    if checkpoint is None:
+        return {"run_id": run_id, "error": "gone (completed or expired meanwhile)"}
+    return _summary(checkpoint, now)
+
+
+def _summary(checkpoint: StreamCheckpoint, now: float) -> dict[str, Any]:
+    return {
+        "run_id": checkpoint.run_id,
+        "thread_id": checkpoint.thread_id,
+        "model": checkpoint.model,
+        "age_seconds": round(max(0.0, now - checkpoint.updated_at), 3),
+        "updated_at": checkpoint.updated_at,
+        "size_bytes": len(encode_checkpoint(checkpoint)),
+        "retry_count": checkpoint.retry_count,
+        "epoch": checkpoint.epoch,
+        "text_chars": len(checkpoint.partial_text),
+        "completed_tool_calls": len(checkpoint.completed_tool_calls),
+        "in_flight_tool_call": checkpoint.in_flight_tool_call is not None,
+    }
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def _size(size: int) -> str:
+    return f"{size} B" if size < 10_000 else f"{size / 1024:.0f} KiB"
+
+
+def cmd_checkpoints_list(args: argparse.Namespace, console: Console) -> int:
+    """List in-flight turns."""
+    with _store(args) as store:
+        now = store.clock()
+        rows = [_row(store, run_id, now) for run_id in store.list_run_ids()]
+    if args.json:
+        _print_json(console, rows)
+        return 0
+    if not rows:
+        console.print("No in-flight turns.")
+        return 0
+    table = Table(title=f"In-flight turns in {args.store}")
+    for column in ("run", "thread", "model", "age", "size", "retries", "epoch", "text", "tools"):
+        table.add_column(
+            column, justify="right" if column in ("age", "size", "retries", "epoch") else "left"
+        )
+    for row in rows:
+        if "error" in row:
+            table.add_row(row["run_id"], Text(row["error"], style="red"), *[""] * 7)
+            continue
+        tools = str(row["completed_tool_calls"]) + (
+            " + 1 cut off" if row["in_flight_tool_call"] else ""
+        )
+        table.add_row(
+            row["run_id"],
+            row["thread_id"] or "-",
+            row["model"] or "-",
+            _age(row["age_seconds"]),
+            _size(row["size_bytes"]),
+            str(row["retry_count"]),
+            str(row["epoch"]),
+            f"{row['text_chars']} chars",
+            tools,
+        )
+    console.print(table)
+    return 0
+
+
+def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
+    """Show one in-flight turn."""
+    with _store(args) as store:
+        try:
+            checkpoint = store.get(args.run_id)
+        except StreamCheckpointError as exc:
+            raise CommandError(
+                f"checkpoint {args.run_id!r} cannot be read: {exc}", exit_code=1
+            ) from exc
+        now = store.clock()
+    if checkpoint is None:
+        raise CommandError(_not_found(args.run_id, args.store), exit_code=1)
+    if args.json:
+        _print_json(console, checkpoint.model_dump(mode="json"))
+        return 0
+    summary = _summary(checkpoint, now)
+    table = Table(show_header=False, title=f"Checkpoint {checkpoint.run_id}")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    table.add_row("thread", checkpoint.thread_id or "-")
+    table.add_row("model", checkpoint.model or "-")
+    table.add_row("message id", checkpoint.message_id or "-")
+    table.add_row("age", _age(summary["age_seconds"]))
+    table.add_row("size", _size(summary["size_bytes"]))
+    table.add_row("retries", str(checkpoint.retry_count))
+    table.add_row("epoch", str(checkpoint.epoch))
+    for call in checkpoint.completed_tool_calls:
+        table.add_row("tool call", f"{call.name}({json.dumps(call.args)}) id={call.id}")
+    if checkpoint.in_flight_tool_call is not None:
+        cut = checkpoint.in_flight_tool_call
+        table.add_row("cut-off call", f"{cut.name}: {cut.partial_args!r}")
+    table.add_row("text", Text(checkpoint.partial_text or "(none)"))
+    console.print(table)
+    return 0
+
+
+def cmd_checkpoints_rm(args: argparse.Namespace, console: Console) -> int:
+    """Remove in-flight turns."""
+    missing = []
+    with _store(args) as store:
+        present = set(store.list_run_ids())
+        for run_id in args.run_ids:
+            if run_id not in present:
+                missing.append(run_id)
+                continue
+            store.delete(run_id)
+            if not args.json:
+                console.print(f"removed {run_id}")
+    if args.json:
+        removed = [r for r in args.run_ids if r not in missing]
+        _print_json(console, {"removed": removed, "missing": missing})
+    if missing and not args.missing_ok:
+        raise CommandError(
+            "; ".join(_not_found(run_id, args.store) for run_id in missing)
+            + " (pass --missing-ok to ignore)",
+            exit_code=1,
+        )
+    return 0
+
+
+def cmd_checkpoints_gc(args: argparse.Namespace, console: Console) -> int:
+    """Remove checkpoints not written for longer than ``--older-than``."""
+    with _store(args, ttl=args.older_than) as store:
+        removed = store.gc()
+    if args.json:
+        _print_json(console, {"removed": removed, "older_than_seconds": args.older_than})
+    else:
+        console.print(
+            f"removed {removed} checkpoint{'s' if removed != 1 else ''} "
+            f"not written for more than {args.older_than:g} s"
+        )
+    return 0
+
+
+@contextmanager
+def _store(
+    args: argparse.Namespace, *, ttl: float | None = None
+) -> Iterator[StreamCheckpointStore]:
+    store = open_store(args.store, ttl=ttl)
+    try:
+        yield store
+    except StreamCheckpointError as exc:
+        raise CommandError(f"the checkpoint store failed: {exc}", exit_code=1) from exc
+    finally:
+        store.close()
+
+
+def _not_found(run_id: str, store: str) -> str:
+    return (
+        f"no checkpoint for run {run_id!r} in {store}; "
+        f"`awaken-langchain checkpoints list --store {store}` shows the in-flight turns"
+    )
+
+
+def _print_json(console: Console, value: Any) -> None:
+    console.file.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    console.file.flush()
+
+
+# -- demo ------------------------------------------------------------------------------------------
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    """Run the demo."""
+    from awaken_langchain.demo import DemoSettings, run_demo
+
+    steps = tuple(s.strip() for s in args.steps.split(",") if s.strip())
+    settings = DemoSettings(
+        directory=args.dir,
+        provider=args.provider,
+        speed=args.speed,
+        steps=steps,
+        inject_failure=args.inject_failure,
+    )
+    return 0 if run_demo(settings, console) else 1
+
+
+# -- chat ------------------------------------------------------------------------------------------
+
+
+def chat_model(spec: str, base_url: str | None) -> Any:
+    """Create the provider's chat model with ``init_chat_model``.
+
+    Raises:
+        CommandError: If the spec is malformed, the integration is not
+            installed, or the client cannot be created (for example no API key).
+    """
+    provider, sep, name = spec.partition(":")
+    if not sep or not provider or not name:
+        raise CommandError(
+            f"--model {spec!r} must be PROVIDER:MODEL, for example openai:gpt-4o-mini or "
+            "anthropic:claude-sonnet-5"
+        )
+    if provider in PROVIDER_EXTRAS:
+        module, extra = PROVIDER_EXTRAS[provider]
+        require(module, extra, purpose=f"--model {spec}")
+    from langchain.chat_models import init_chat_model
+
+    settings: dict[str, Any] = {}
+    if base_url is not None:
+        settings["base_url"] = base_url
+    if provider in PROVIDER_EXTRAS:
+        settings["max_retries"] = 0  # the wrapper retries; SDK retries would hide failures
+    try:
+        return init_chat_model(f"{provider}:{name}", **settings)
+    except ImportError as exc:
+        raise CommandError(
+            f"--model {spec}: the LangChain integration for {provider!r} is not installed ({exc})"
+        ) from exc
+    except ValueError as exc:  # an unknown provider or model
+        first_line = str(exc).strip().splitlines()[0]
+        raise CommandError(f"--model {spec}: {first_line}; check the provider name") from exc
+    except Exception as exc:
+        key = f"{provider.upper()}_API_KEY"
+        raise CommandError(
+            f"--model {spec}: the chat model could not be created: {exc}. "
+            f"Check the provider name and its API key (usually the {key} environment variable)"
+        ) from exc
+
+
+def cmd_chat(args: argparse.Namespace, console: Console, stdin: IO[str]) -> int:
+    """Chat interactively; every turn is recoverable and committed to memory."""
+    from awaken_langchain._session import (
+        CHECKPOINTS_DIR,
+        MEMORY_FILE,
+        Record,
+        Screen,
+        assemble_agent,
+        pending_turn,
+        run_turn,
+    )
+
+    require_agents("awaken-langchain chat")
+    client = chat_model(args.model, args.base_url)
+    thread = args.thread or f"chat-{uuid.uuid4().hex[:12]}"
+    agent = assemble_agent(args.dir, client)
+    screen = Screen(console)
+
+    def show(record: Record) -> None:
+        screen.record(record)
+
+    def turn(question: str | None) -> bool:
+        try:
+            run_turn(agent, thread, question, show)
+            screen.note("")
+            return True
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            screen.note(
+                f"the turn failed and was not committed: {type(exc).__name__}: {exc}", "bold red"
+            )
+            return False
+
+    failures = 0
+    try:
+        console.print(
+            f"[bold]awaken-langchain chat[/] with {args.model}; thread {thread}; checkpoints in "
+            f"{args.dir / CHECKPOINTS_DIR}, memory in {args.dir / MEMORY_FILE}. "
+            "Type /exit (or end the input) to leave."
+        )
+        if pending_turn(agent, thread):
+            screen.note("This thread has an unfinished turn; finishing it first.", "bold yellow")
+            screen.console.print(Text("model ", style="bold green"), end="")
+            failures += not turn(None)
+        while True:
+            console.print(Text("you> ", style="bold cyan"), end="")
+            line = stdin.readline()
+            if not line:
+                console.print()
+                break
+            message = line.strip()
+            if message in ("/exit", "/quit"):
+                break
+            if not message:
+                continue
+            console.print(Text("model ", style="bold green"), end="")
+            failures += not turn(message)
+    finally:
+        agent.close()
+    console.print(f"Thread {thread} is saved; continue it with --thread {thread}.")
+    return 1 if failures else 0
+
+
+# -- the parser ------------------------------------------------------------------------------------
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser."""
+    parser = argparse.ArgumentParser(
+        prog="awaken-langchain",
+        description="Streamed LLM turns that survive failure, for LangChain.",
+    )
+    from awaken_langchain import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser(
+        "demo",
+        help="see retries, continuations, whole tool calls and process replacement, offline",
+        description=(
+            "Run an agent through the real ChatOpenAI (or ChatAnthropic) client against a "
+            "loopback provider that fails on purpose: a 429 with a retry hint, a connection "
+            "drop mid-answer, a tool call cut off mid-arguments, and a worker process killed "
+            "mid-stream. Every claim is checked against the recorded facts; the exit status "
+            "is 1 if any does not hold."
+        ),
+    )
+    demo.add_argument(
+        "--dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where checkpoints and memory are kept (default ./.awaken)",
+    )
+    demo.add_argument(
+        "--provider",
+        choices=sorted(PROVIDER_EXTRAS),
+        default="openai",
+        help="which client and wire format to use (default openai)",
+    )
+    demo.add_argument(
+        "--speed",
+        type=_positive,
+        default=1.0,
+        help="divide every delay by this factor (default 1: about a minute)",
+    )
+    demo.add_argument(
+        "--steps",
+        default="a,b,c,d",
+        help="which steps to run, comma-separated (default a,b,c,d)",
+    )
+    demo.add_argument(
+        "--inject-failure",
+        choices=("retry", "continuation", "tool", "replacement"),
+        default=None,
+        help=(
+            "break one claim on purpose to see the checks fail: no retry budget, a "
+            "continuation that repeats an earlier sentence, a re-issued tool call sent "
+            "twice, or a replacement worker that cannot see the checkpoints"
+        ),
+    )
+    demo.set_defaults(handler=cmd_demo)
+
+    chat = commands.add_parser(
+        "chat",
+        help="chat with a real model; every turn recoverable, memory on disk",
+        description=(
+            "An interactive chat through langchain's init_chat_model, wrapped in "
+            "RecoveringChatModel, with checkpoints and a LangGraph memory in --dir. "
+            "Needs the provider's API key (OPENAI_API_KEY, ANTHROPIC_API_KEY, ...)."
+        ),
+    )
+    chat.add_argument(
+        "--model", required=True, help="PROVIDER:MODEL, for example openai:gpt-4o-mini"
+    )
+    chat.add_argument("--base-url", default=None, help="the provider's API base URL")
+    chat.add_argument(
+        "--dir",
+        type=Path,
+        default=DEFAULT_DIR,
+        help="where checkpoints and memory are kept (default ./.awaken)",
+    )
+    chat.add_argument(
+        "--thread", default=None, help="continue this conversation thread (default: a new one)"
+    )
+    chat.set_defaults(handler=cmd_chat)
+
+    checkpoints = commands.add_parser(
+        "checkpoints",
+        help="list, inspect, remove and expire in-flight turns",
+        description="See and manage the in-flight turns a checkpoint store holds.",
+    )
+    actions = checkpoints.add_subparsers(dest="action", metavar="ACTION", required=True)
+    store_help = f"the checkpoint store: {STORE_FORMS} (default diskcache:.awaken/checkpoints)"
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--store", default="diskcache:.awaken/checkpoints", help=store_help)
+        sub.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    listing = actions.add_parser(
+        "list",
+        help="list in-flight turns: run, thread, model, age, size, retries, epoch",
+        description="List the in-flight turns in a checkpoint store.",
+    )
+    common(listing)
+    listing.set_defaults(handler=cmd_checkpoints_list)
+    show = actions.add_parser(
+        "show", help="show one in-flight turn", description="Show one in-flight turn in full."
+    )
+    show.add_argument("run_id", metavar="RUN", help="the run id (see `checkpoints list`)")
+    common(show)
+    show.set_defaults(handler=cmd_checkpoints_show)
+    remove = actions.add_parser(
+        "rm",
+        help="remove in-flight turns",
+        description="Remove in-flight turns (their processes can no longer resume them).",
+    )
+    remove.add_argument("run_ids", metavar="RUN", nargs="+", help="run ids to remove")
+    remove.add_argument(
+        "--missing-ok", action="store_true", help="do not fail when a run has no checkpoint"
+    )
+    common(remove)
+    remove.set_defaults(handler=cmd_checkpoints_rm)
+    collect = actions.add_parser(
+        "gc",
+        help="remove checkpoints not written for a while",
+        description="Remove the checkpoints that were not written for more than --older-than.",
+    )
+    collect.add_argument(
+        "--older-than",
+        type=_positive,
+        required=True,
+        metavar="SECONDS",
+        help="remove checkpoints last written more than this many seconds ago",
+    )
+    common(collect)
+    collect.set_defaults(handler=cmd_checkpoints_gc)
+    return parser
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    stdin: IO[str] | None = None,
+    console: Console | None = None,
+) -> int:
+    """Run the ``awaken-langchain`` command.
+
+    Args:
+        argv: The arguments (default ``sys.argv[1:]``).
+        stdin: Where ``chat`` reads the user's messages (default standard input).
+        console: Where output goes (default standard output).
+
+    Returns:
+        The exit status.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    console = console or Console(highlight=False)
+    errors = Console(stderr=True, highlight=False) if console.file is sys.stdout else console
+    started = time.monotonic()
+    try:
+        if args.command == "chat":
+            return cmd_chat(args, console, stdin or sys.stdin)
+        status: int = args.handler(args, console)
+        return status
+    except CommandError as exc:
+        errors.print(Text(f"awaken-langchain: error: {exc}", style="bold red"))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        errors.print(f"awaken-langchain: interrupted after {time.monotonic() - started:.1f} s")
+        return 130

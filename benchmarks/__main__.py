@@ -1,0 +1,45 @@
+"""Run every benchmark at its default size, one after the other.
+
+Run: ``python -m benchmarks [--quick]``; ``--quick`` runs each at a small size
+(a smoke run, not figures to quote).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchmarks import (
+    checkpoint_growth,
+    checkpoint_put,
+    concurrency,
+    overhead,
+    recovery_latency,
+    wasted_work,
+)
+
+
+def main(quick: bool = False) -> None:
+    """Run the benchmarks in turn, each printing its own table."""
+    started = time.perf_counter()
+    if quick:
+        overhead.main(chunks=2_000, rounds=1)
+        checkpoint_put.main(size=20_000, small=2_000, puts=20)
+        checkpoint_growth.main(tokens=(100, 1_000))
+        recovery_latency.main(prefixes=(1_000, 10_000), repeats=3, processes=1)
+        wasted_work.main(tokens=200, fractions=(0.5,), delay=0.0)
+        concurrency.main(streams=16, processes=2, chars=128)
+    else:
+        overhead.main()
+        checkpoint_put.main()
+        checkpoint_growth.main()
+        recovery_latency.main()
+        wasted_work.main()
+        concurrency.main()
+    print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Run every benchmark.")
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    main(parser.parse_args().quick)

@@ -1,0 +1,448 @@
+"""What the benchmarks share: inner models, store factories, timing, tables.
+
+Every benchmark measures a case against its baseline in the same run and
+prints the ratio, so that a slow or busy machine shifts both alike. Timings
+are taken as the minimum (or median) of interleaved repetitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import PrivateAttr
+
+from awaken_langchain import (
+    DiskCacheStreamCheckpointStore,
+    FileStreamCheckpointStore,
+    InMemoryStreamCheckpointStore,
+    StreamCheckpoint,
+    StreamCheckpointStore,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+TOKEN = "tok "
+"""One streamed token: four characters, the size the library estimates a token at."""
+
+
+def cores() -> int:
+    """CPU cores this process may run on (what ``nproc`` prints)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine_line() -> str:
+    """One line naming the machine the figures come from."""
+    return f"python {sys.version.split()[0]}, {cores()} cores (nproc)"
+
+
+def written_bytes() -> int | None:
+    """Bytes this process has passed to write() so far (Linux), else ``None``."""
+    try:
+        with open("/proc/self/io") as handle:
+            for line in handle:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The ``fraction`` quantile of ``values`` (nearest rank)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
+    return ordered[rank]
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of ``values`` (``nan`` when empty)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Format rows as a plain-text table, first column left-aligned."""
+    cells = [[str(h) for h in headers], *[[_cell(v) for v in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            value.ljust(widths[i]) if i == 0 else value.rjust(widths[i])
+            for i, value in enumerate(row)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+# -- inner models ---------------------------------------------------------------
+
+
+class TokenStreamModel(BaseChatModel):
+    """A minimal inner model: streams ``tokens`` chunks of ``"tok "`` then a finish chunk.
+
+    It builds one fresh chunk per token, as any provider integration does, and
+    nothing else, so the wrapper's cost is not hidden behind the inner model's.
+    """
+
+    tokens: int = 1_000
+    """Text chunks streamed before the terminal chunk."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "token-stream"
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("TokenStreamModel only streams")
+
+    def _stream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> Iterator[ChatGenerationChunk]:
+        for _ in range(self.tokens):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=TOKEN))
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
+        )
+
+    async def _astream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        for _ in range(self.tokens):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=TOKEN))
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
+        )
+
+
+def answer_for(request: str, chars: int) -> str:
+    """The deterministic answer of :class:`ContinuingModel` to one request text."""
+    words = []
+    size = 0
+    n = 0
+    while size < chars:
+        word = f"{request}-{n:05d} "
+        words.append(word)
+        size += len(word)
+        n += 1
+    return "".join(words)[:chars]
+
+
+@dataclass
+class Interruption:
+    """When a :class:`ContinuingModel` attempt broke and when the next one began."""
+
+    raised_at: float
+    raised_cpu: float
+    continued_at: float | None = None
+    continued_cpu: float | None = None
+
+
+class ContinuingModel(BaseChatModel):
+    """An inner model that answers each request with its own text and continues faithfully.
+
+    The answer depends on the last user message of the original request (so
+    concurrent turns have distinct texts). A first attempt streams
+    ``break_after`` characters and raises ``ConnectionResetError``; a
+    continuation request (one carrying the assistant prefix) streams the rest
+    of the answer after that prefix, as a model continuing exactly would.
+    The moments of each break and of the next request are recorded.
+    """
+
+    chars: int = 4_000
+    """Length of every answer, in characters."""
+    chunk_chars: int = 4
+    """Characters per streamed chunk."""
+    break_after: int | None = None
+    """Characters of a first attempt sent before it breaks; ``None`` never breaks."""
+    yield_every: int = 0
+    """Async only: give other tasks a turn after this many chunks (0 never)."""
+
+    _interruptions: list[Interruption] = PrivateAttr(default_factory=list)
+    _requests: list[float] = PrivateAttr(default_factory=list)
+    _request_cpu: list[float] = PrivateAttr(default_factory=list)
+    _gate: threading.Event | None = PrivateAttr(default=None)
+
+    def break_when(self, gate: threading.Event) -> None:
+        """Break a first attempt only once ``gate`` is set.
+
+        The sync wrapper reads the inner stream in a pump thread that runs
+        ahead of the caller; the caller sets the gate when it has received the
+        whole prefix, so the break reaches a wrapper that has caught up, as it
+        does when chunks come over a network.
+        """
+        self._gate = gate
+
+    @property
+    def _llm_type(self) -> str:
+        return "continuing"
+
+    @property
+    def interruptions(self) -> list[Interruption]:
+        """Every break, with the moment the following request arrived."""
+        return self._interruptions
+
+    @property
+    def requests(self) -> list[float]:
+        """The moment (``time.perf_counter()``) each request arrived."""
+        return self._requests
+
+    @property
+    def request_cpu(self) -> list[float]:
+        """The process CPU time (``time.process_time()``) when each request arrived."""
+        return self._request_cpu
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("ContinuingModel only streams")
+
+    def _plan(self, messages: list[BaseMessage]) -> tuple[str, int, int | None]:
+        """Return the answer, where this attempt starts in it, and where it breaks."""
+        now = time.perf_counter()
+        self._requests.append(now)
+        self._request_cpu.append(time.process_time())
+        if self._interruptions and self._interruptions[-1].continued_at is None:
+            self._interruptions[-1].continued_at = now
+            self._interruptions[-1].continued_cpu = self._request_cpu[-1]
+        prefix = ""
+        original = messages
+        if len(messages) >= 3 and isinstance(messages[-2], AIMessage):
+            prefix = str(messages[-2].content)
+            original = messages[:-2]
+        answer = answer_for(str(original[-1].content), self.chars)
+        if prefix:
+            if not answer.startswith(prefix):
+                raise AssertionError("the continuation prefix is not the start of the answer")
+            return answer, len(prefix), None
+        return answer, 0, self.break_after
+
+    def _pieces(self, answer: str, start: int, stop: int | None) -> Iterator[str]:
+        end = len(answer) if stop is None else stop
+        for i in range(start, end, self.chunk_chars):
+            yield answer[i : min(i + self.chunk_chars, end)]
+
+    def _broke(self) -> ConnectionResetError:
+        self._interruptions.append(Interruption(time.perf_counter(), time.process_time()))
+        return ConnectionResetError("connection reset by peer")
+
+    def _stream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> Iterator[ChatGenerationChunk]:
+        answer, start, stop = self._plan(messages)
+        for piece in self._pieces(answer, start, stop):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+        if stop is not None:
+            if self._gate is not None and not self._gate.wait(timeout=60):
+                raise RuntimeError("the caller never received the prefix")
+            raise self._broke()
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
+        )
+
+    async def _astream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        answer, start, stop = self._plan(messages)
+        for n, piece in enumerate(self._pieces(answer, start, stop), 1):
+            yield ChatGenerationChunk(message=AIMessageChunk(content=piece))
+            if self.yield_every and n % self.yield_every == 0:
+                await asyncio.sleep(0)
+        if stop is not None:
+            raise self._broke()
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
+        )
+
+
+# -- stores ---------------------------------------------------------------------------
+
+LARGE = 1 << 30
+"""A checkpoint size limit no benchmark reaches."""
+
+
+def redis_available() -> bool:
+    """Whether the Redis store exists in this checkout and a redis-server binary is installed."""
+    return (
+        find_spec("awaken_langchain.stores.redis") is not None
+        and find_spec("redis") is not None
+        and shutil.which("redis-server") is not None
+    )
+
+
+def net_input_bytes(url: str) -> int:
+    """Bytes the Redis server at ``url`` has received from clients so far."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.info("stats")["total_net_input_bytes"])
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[str | None]:
+    """The URL of a private redis-server, or ``None`` when Redis is not available.
+
+    The server is the test suite's (tests/redis_server.py): a free loopback port,
+    a temporary directory, nothing persisted; it is stopped afterwards.
+    """
+    if not redis_available():
+        yield None
+        return
+    from tests.redis_server import RedisServer
+
+    directory = Path(tempfile.mkdtemp(prefix="bench-redis-"))
+    server = RedisServer(directory)
+    server.start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def store_names(*, redis: bool = True) -> list[str]:
+    """The stores to measure: the local ones, and Redis when it is available."""
+    names = ["memory", "file", "diskcache"]
+    if redis and redis_available():
+        names.append("redis")
+    return names
+
+
+def make_store(name: str, directory: Path, redis_url: str | None = None) -> StreamCheckpointStore:
+    """Build the named store over ``directory`` (or the Redis server at ``redis_url``)."""
+    if name == "memory":
+        return InMemoryStreamCheckpointStore(max_checkpoint_bytes=LARGE)
+    if name == "file":
+        return FileStreamCheckpointStore(directory, max_checkpoint_bytes=LARGE)
+    if name == "diskcache":
+        return DiskCacheStreamCheckpointStore(directory, max_checkpoint_bytes=LARGE)
+    if name == "redis":
+        if redis_url is None:
+            raise ValueError("the redis store needs the URL of a running redis-server")
+        from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+        return RedisStreamCheckpointStore(redis_url, prefix="bench", max_checkpoint_bytes=LARGE)
+    raise ValueError(f"unknown store {name!r}; choose from memory, file, diskcache, redis")
+
+
+class TimedStore(StreamCheckpointStore):
+    """Delegates to another store and records how long each call took."""
+
+    def __init__(self, inner: StreamCheckpointStore) -> None:
+        super().__init__(ttl=inner.ttl, max_checkpoint_bytes=inner.max_checkpoint_bytes)
+        self.inner = inner
+        self.clock = inner.clock
+        self.put_seconds: list[float] = []
+        self.other_seconds = 0.0
+        self.cpu_seconds = 0.0
+        """CPU time of the calling thread inside the sync calls (the store's own work)."""
+
+    @property
+    def total_seconds(self) -> float:
+        """Time spent in every call."""
+        return sum(self.put_seconds) + self.other_seconds
+
+    def get(self, run_id: str) -> StreamCheckpoint | None:
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self.inner.get(run_id)
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu
+            self.other_seconds += time.perf_counter() - start
+
+    def put(self, checkpoint: StreamCheckpoint) -> None:
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self.inner.put(checkpoint)
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu
+            self.put_seconds.append(time.perf_counter() - start)
+
+    def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            self.inner.delete(run_id, epoch=epoch)
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu
+            self.other_seconds += time.perf_counter() - start
+
+    def claim(self, run_id: str) -> int:
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return self.inner.claim(run_id)
+        finally:
+            self.cpu_seconds += time.thread_time() - cpu
+            self.other_seconds += time.perf_counter() - start
+
+    def list_run_ids(self) -> list[str]:
+        return self.inner.list_run_ids()
+
+    def gc(self) -> int:
+        return self.inner.gc()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    async def aget(self, run_id: str) -> StreamCheckpoint | None:
+        start = time.perf_counter()
+        try:
+            return await self.inner.aget(run_id)
+        finally:
+            self.other_seconds += time.perf_counter() - start
+
+    async def aput(self, checkpoint: StreamCheckpoint) -> None:
+        start = time.perf_counter()
+        try:
+            await self.inner.aput(checkpoint)
+        finally:
+            self.put_seconds.append(time.perf_counter() - start)
+
+    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
+        start = time.perf_counter()
+        try:
+            await self.inner.adelete(run_id, epoch=epoch)
+        finally:
+            self.other_seconds += time.perf_counter() - start
+
+    async def aclaim(self, run_id: str) -> int:
+        start = time.perf_counter()
+        try:
+            return await self.inner.aclaim(run_id)
+        finally:
+            self.other_seconds += time.perf_counter() - start
+
+
+def child_env() -> dict[str, str]:
+    """Environment for a child process that must import this checkout."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env

@@ -1,0 +1,180 @@
+"""Per-chunk overhead of RecoveringChatModel against the bare inner model's stream().
+
+A 20 000-chunk stream is consumed through ``inner.stream()`` (the baseline) and
+through ``RecoveringChatModel(model=inner).stream()`` with no store, the
+in-memory store and the DiskCache store at the default cadence (a checkpoint
+every 8 chunks or 0.25 s), sync and async, each with and without the stream
+idle timeout. With the timeout (the default, 60 s) the sync path reads the
+inner stream in a pump thread; the async path wraps each read in
+``asyncio.timeout``. CPU time (``time.process_time``, all threads of the
+process) and wall time are the minimum over interleaved rounds; ratios are
+against the baseline of the same path (sync or async) in the same run.
+
+The inner model is ``TokenStreamModel`` (benchmarks/_common.py): it builds one
+fresh chunk per token and does nothing else. ``ScriptedChatModel`` is not used
+here: its deep copy of every scripted chunk costs about as much as the wrapper
+itself, and would hide the overhead being measured.
+
+Goals: no store at most 1.25x the bare CPU time; DiskCache at most 1.75x.
+
+Run: ``python -m benchmarks.overhead [--chunks 20000] [--rounds 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script from a clone
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from langchain_core.language_models import BaseChatModel
+
+from awaken_langchain import RecoveringChatModel, StreamCheckpointStore
+from benchmarks._common import TokenStreamModel, machine_line, make_store, table
+
+IDLE_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One way of streaming the turn."""
+
+    name: str
+    store: str | None  # None: the bare inner model; "none": the wrapper without a store
+    idle_timeout: float | None
+
+
+CASES = (
+    Case("bare inner model", None, None),
+    Case("wrapper, no store, no idle timeout", "none", None),
+    Case("wrapper, no store, idle timeout 60 s", "none", IDLE_TIMEOUT),
+    Case("wrapper, memory, no idle timeout", "memory", None),
+    Case("wrapper, memory, idle timeout 60 s", "memory", IDLE_TIMEOUT),
+    Case("wrapper, diskcache, no idle timeout", "diskcache", None),
+    Case("wrapper, diskcache, idle timeout 60 s", "diskcache", IDLE_TIMEOUT),
+)
+
+
+@dataclass
+class Row:
+    """Measured costs of one case on one path."""
+
+    path: str
+    case: str
+    cpu_s: float
+    wall_s: float
+    cpu_ratio: float = 0.0
+    wall_ratio: float = 0.0
+    per_chunk_us: float = 0.0
+
+
+def _timed(consume: Callable[[], int], chunks: int) -> tuple[float, float]:
+    cpu, wall = time.process_time(), time.perf_counter()
+    received = consume()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    if received < chunks:
+        raise RuntimeError(f"the stream ended after {received} of {chunks} chunks")
+    return cpu, wall
+
+
+def _model(
+    case: Case, inner: TokenStreamModel, directory: Path
+) -> tuple[BaseChatModel, StreamCheckpointStore | None]:
+    """Return the model to stream and the store to close (or ``None``)."""
+    if case.store is None:
+        return inner, None
+    store: StreamCheckpointStore | None = None
+    if case.store != "none":
+        store = make_store(case.store, directory / case.name.replace(" ", "_"))
+    model = RecoveringChatModel(model=inner, store=store, stream_idle_timeout=case.idle_timeout)
+    return model, store
+
+
+def measure(chunks: int, rounds: int, path: str) -> list[Row]:
+    """Measure every case on the ``sync`` or ``async`` path."""
+    inner = TokenStreamModel(tokens=chunks)
+    best: dict[str, list[float]] = {c.name: [float("inf"), float("inf")] for c in CASES}
+    with tempfile.TemporaryDirectory() as tmp:
+        built = [(case, *_model(case, inner, Path(tmp))) for case in CASES]
+        try:
+            for _ in range(rounds):
+                for case, model, _store in built:
+                    if path == "sync":
+
+                        def consume(model: BaseChatModel = model) -> int:
+                            return sum(1 for _ in model.stream("hi"))
+
+                    else:
+
+                        def consume(model: BaseChatModel = model) -> int:
+                            async def drain() -> int:
+                                n = 0
+                                async for _ in model.astream("hi"):
+                                    n += 1
+                                return n
+
+                            return asyncio.run(drain())
+
+                    cpu, wall = _timed(consume, chunks)
+                    best[case.name][0] = min(best[case.name][0], cpu)
+                    best[case.name][1] = min(best[case.name][1], wall)
+        finally:
+            for _, _, store in built:
+                if store is not None:
+                    store.close()
+    base_cpu, base_wall = best[CASES[0].name]
+    rows = []
+    for case in CASES:
+        cpu, wall = best[case.name]
+        rows.append(
+            Row(
+                path,
+                case.name,
+                cpu,
+                wall,
+                cpu / base_cpu,
+                wall / base_wall,
+                (cpu - base_cpu) / chunks * 1e6,
+            )
+        )
+    return rows
+
+
+def main(chunks: int = 20_000, rounds: int = 3) -> list[Row]:
+    """Measure the sync and async paths, print one table, and return the rows."""
+    rows = measure(chunks, rounds, "sync") + measure(chunks, rounds, "async")
+    print(f"## Per-chunk overhead: {chunks:,} chunks, best of {rounds} rounds; {machine_line()}")
+    print(
+        table(
+            ["path", "case", "CPU s", "wall s", "CPU ratio", "wall ratio", "extra CPU us/chunk"],
+            [
+                (
+                    r.path,
+                    r.case,
+                    r.cpu_s,
+                    r.wall_s,
+                    f"{r.cpu_ratio:.2f}x",
+                    f"{r.wall_ratio:.2f}x",
+                    r.per_chunk_us,
+                )
+                for r in rows
+            ],
+        )
+    )
+    print()
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=20_000, help="chunks per stream")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
+    args = parser.parse_args()
+    main(args.chunks, args.rounds)

@@ -1,0 +1,102 @@
+"""Every benchmark runs once at a tiny size (its timings are not asserted, its checks are)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import (
+    checkpoint_growth,
+    concurrency,
+    overhead,
+    recovery_latency,
+    wasted_work,
+)
+from benchmarks._common import child_env
+from tests.conftest import REPO_ROOT
+
+
+def test_overhead_benchmark_compares_every_case_with_the_bare_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = overhead.main(chunks=200, rounds=1)
+
+    assert [r.path for r in rows] == ["sync"] * 7 + ["async"] * 7
+    assert {r.case for r in rows} == {case.name for case in overhead.CASES}
+    assert all(r.cpu_s > 0 and r.wall_s > 0 for r in rows)
+    assert [r.cpu_ratio for r in rows if r.case == "bare inner model"] == [1.0, 1.0]
+    assert "CPU ratio" in capsys.readouterr().out
+
+
+def test_write_growth_benchmark_counts_puts_and_bytes_per_store() -> None:
+    rows = checkpoint_growth.main(tokens=(40, 400), stores=("memory", "file", "diskcache"))
+
+    by_store = {(r.store, r.tokens): r for r in rows}
+    for store in ("memory", "file", "diskcache"):
+        small, large = by_store[store, 40], by_store[store, 400]
+        assert (small.puts, large.puts) == (5, 50)  # every 8 chunks of 4 characters
+        assert large.time_growth is not None
+    assert by_store["memory", 400].bytes_written is None
+    for store in ("file", "diskcache"):
+        written = by_store[store, 400].bytes_written
+        assert written is not None
+        assert written >= 1_600  # at least the text itself
+
+
+@pytest.mark.slow
+def test_recovery_latency_benchmark_resumes_in_a_fresh_process() -> None:
+    rows, resumed = recovery_latency.main(prefixes=(256, 1_024), repeats=1, processes=1)
+
+    assert {(r.path, r.store, r.prefix) for r in rows} == {
+        (path, store, prefix)
+        for path in ("sync", "async")
+        for store in ("none", "memory", "diskcache")
+        for prefix in (256, 1_024)
+    }
+    assert all(0 < r.median_ms <= r.max_ms for r in rows)
+    (child,) = resumed
+    assert child["resumed"] is True
+    assert child["complete"] is True
+    assert child["requests"] == 1
+
+
+@pytest.mark.slow
+def test_wasted_work_benchmark_counts_what_each_strategy_made_the_provider_generate() -> None:
+    rows = wasted_work.main(tokens=100, fractions=(0.5,), delay=0.0)
+
+    by_strategy = {r.strategy: r for r in rows}
+    assert by_strategy["continuation"].generated_tokens == 100
+    assert by_strategy["restart"].generated_tokens == 150
+    assert by_strategy["no recovery"].generated_tokens == 50
+    assert [by_strategy[s].complete for s in wasted_work.STRATEGIES] == [True, True, False]
+    assert [by_strategy[s].requests for s in wasted_work.STRATEGIES] == [2, 2, 1]
+
+
+@pytest.mark.slow
+def test_concurrency_benchmark_checks_every_turn_kept_its_own_text() -> None:
+    rows = concurrency.main(streams=8, processes=2, chars=64, stores=("memory", "diskcache"))
+
+    assert [(r.case, r.store) for r in rows] == [
+        ("1 process x 8", "memory"),
+        ("1 process x 8", "diskcache"),
+        ("2 processes x 4", "diskcache"),
+    ]
+    for row in rows:
+        assert row.ok == row.turns == 8
+        assert row.left == 0
+        assert row.puts > 0
+
+
+def test_all_benchmarks_run_from_one_command() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--help"],
+        cwd=REPO_ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert "--quick" in out.stdout
