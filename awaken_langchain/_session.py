@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.text import Text
 
 from awaken_langchain._extras import require_agents
+from awaken_langchain.history import release_committed
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores.diskcache import DiskCacheStreamCheckpointStore
@@ -133,11 +134,16 @@ def _plain(value: Any) -> Any:
 def run_turn(
     agent: Agent, thread_id: str, question: str | None, sink: Callable[[Record], None]
 ) -> None:
-    """Run one turn of the agent on ``thread_id`` (``None`` resumes the pending turn)."""
+    """Run one turn of the agent on ``thread_id`` (``None`` resumes the pending turn).
+
+    Memory is written synchronously at every step, and once the graph has
+    committed the turn its kept checkpoint is released.
+    """
     config = {"configurable": {"thread_id": thread_id}, "callbacks": [TurnReporter(sink)]}
     inputs = None if question is None else {"messages": [HumanMessage(content=question)]}
-    for _ in agent.graph.stream(inputs, config, stream_mode="messages"):
+    for _ in agent.graph.stream(inputs, config, stream_mode="messages", durability="sync"):
         pass  # tokens are reported by TurnReporter, in order with recovery events
+    release_committed(thread_messages(agent, thread_id), agent.store)
 
 
 def thread_messages(agent: Agent, thread_id: str) -> list[BaseMessage]:
