@@ -324,7 +324,7 @@ class TurnAccumulator:
             or message.chunk_position is not None
             or message.name is not None
             or self.terminal
-            or (self._seam is not None and self._seam.pending)
+            or (self._seam is not None and self._seam.active)
         ):
             return None
         content = message.content

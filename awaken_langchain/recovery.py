@@ -161,6 +161,11 @@ class SeamFilter:
         """Whether text is being held back."""
         return not self._decided
 
+    @property
+    def active(self) -> bool:
+        """Whether the next text may still be changed (held back or trimmed)."""
+        return not self._decided or self._strip_leading
+
     def feed(self, text: str) -> str:
         """Take the next piece of continuation text and return what may be released."""
         if self._decided:

@@ -128,3 +128,12 @@ def test_checkpoint_snapshot_holds_the_whole_turn_text_across_attempts() -> None
     snapshot = acc.snapshot(run_id="r")
     assert snapshot.partial_text == "first second"
     assert snapshot.message_id == "id"
+
+
+def test_accumulator_trims_the_seam_whitespace_after_a_whole_repeat() -> None:
+    acc = TurnAccumulator("id")
+    acc.feed(gen(AIMessageChunk(content="The quick brown fox ")))
+    acc.begin_attempt(continuing=True)
+    for piece in ["ck b", "rown", " fox", " jum", "ps."]:
+        acc.feed(gen(AIMessageChunk(content=piece)))
+    assert acc.text == "The quick brown fox jumps."
