@@ -455,6 +455,16 @@ class CheckpointCadence:
         )
 
     def written(self) -> None:
-        """Record that the turn so far has been written."""
+        """Record that the turn so far is being written."""
         self._unsaved = 0
+        self._last_write = self._clock()
+
+    def write_ended(self) -> None:
+        """Record that the write ended: the time rule counts from now.
+
+        Counting from when the write began would make every chunk after a
+        write longer than ``every_seconds`` due at once, so a slow store (or
+        many turns sharing one) would be written on every chunk, and slowed
+        down further by it.
+        """
         self._last_write = self._clock()

@@ -266,6 +266,7 @@ class StreamCheckpointHandler(BaseCallbackHandler):
             self.store.put(self._capture.snapshot(run))
         except StreamCheckpointError as exc:
             warn_store_failure(self._capture.store_failed(run, exc), exc)
+        run.cadence.write_ended()
 
 
 class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
@@ -354,3 +355,4 @@ class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
             await self.store.aput(self._capture.snapshot(run))
         except StreamCheckpointError as exc:
             warn_store_failure(self._capture.store_failed(run, exc), exc)
+        run.cadence.write_ended()

@@ -354,6 +354,10 @@ class _Turn:
             complete=complete,
         )
 
+    def saved(self) -> None:
+        """A checkpoint write ended (see `CheckpointCadence.write_ended`)."""
+        self.cadence.write_ended()
+
     def store_failed(self, exc: StreamCheckpointError) -> str:
         """Record a store failure; a fenced writer stops checkpointing."""
         if isinstance(exc, StreamCheckpointFencedError):
@@ -905,6 +909,7 @@ class RecoveringChatModel(BaseChatModel):
             self.store.put(checkpoint)
         except StreamCheckpointError as exc:
             self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
+        turn.saved()
 
     def _event(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
@@ -1045,6 +1050,7 @@ class RecoveringChatModel(BaseChatModel):
             await self.store.aput(checkpoint)
         except StreamCheckpointError as exc:
             await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
+        turn.saved()
 
     async def _aevent(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)

@@ -23,6 +23,7 @@ from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
+from tests.conftest import FakeClock
 
 
 async def _no_wait(_seconds: float) -> None:
@@ -83,6 +84,30 @@ def test_no_more_than_the_configured_chunks_of_output_are_at_risk() -> None:
     saved = store.get(str(run_id))
     assert saved is not None
     assert len(seen) - len(saved.partial_text) <= 8
+
+
+class SlowStore(InMemoryStreamCheckpointStore):
+    """A store whose every put takes a second of the turn's clock."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.turn_clock = clock
+        self.puts = 0
+
+    def put(self, checkpoint: StreamCheckpoint) -> None:
+        self.turn_clock.advance(1.0)
+        self.puts += 1
+        super().put(checkpoint)
+
+
+def test_a_slow_store_is_written_at_the_chunk_cadence_not_on_every_chunk() -> None:
+    clock = FakeClock()
+    store = SlowStore(clock)
+    model, _ = process(
+        store, [*text("x" * 256), finish()], retry_policy=policy(clock=clock)
+    )  # 64 chunks; only the puts take time
+    model.invoke("q")
+    assert store.puts == 64 // 8
 
 
 def test_a_replacement_process_resumes_the_turn_without_repeating_text() -> None:

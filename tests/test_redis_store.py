@@ -293,6 +293,28 @@ async def every_async_call_fails_with_checkpoint_error(store: RedisStreamCheckpo
         await store.aclaim("run-1")
 
 
+async def test_more_concurrent_async_writers_than_pool_connections_all_succeed(
+    redis_server: RedisServer,
+) -> None:
+    from awaken_langchain.stores import redis as redis_module
+
+    writers = redis_module.ASYNC_MAX_CONNECTIONS + 50
+    store = RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix())
+
+    async def write(n: int) -> None:
+        run_id = f"run-{n}"
+        epoch = await store.aclaim(run_id)
+        await store.aput(checkpoint(run_id, f"text of run {n}", epoch=epoch))
+
+    await asyncio.gather(*(write(n) for n in range(writers)))
+    assert len(store.list_run_ids()) == writers
+    found = await store.aget("run-7")
+    assert found is not None
+    assert found.partial_text == "text of run 7"
+    await store.aclose()
+    store.close()
+
+
 async def test_server_killed_mid_run_raises_checkpoint_error_and_recovers_after_restart(
     own_server: RedisServer,
 ) -> None:

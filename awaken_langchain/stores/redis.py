@@ -69,6 +69,9 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (
 """What a Redis call raises when the server, network or data fails."""
 
 _SCAN_BATCH = 500
+
+ASYNC_MAX_CONNECTIONS = 100
+"""Connections the async client of one event loop opens at most; further calls wait."""
 """``COUNT`` hint for ``SCAN``, and how many heads are fetched per round trip."""
 
 # KEYS: head, text, epoch counter
@@ -350,11 +353,20 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         loop = asyncio.get_running_loop()
         bound = self._loop_clients.get(loop)
         if bound is None:
-            client = redis.asyncio.Redis.from_url(
+            # A blocking pool: past its size, a call waits for a free connection
+            # (up to the socket timeout) instead of failing with "Too many
+            # connections", which the default pool does once more than 100
+            # turns of one event loop write at the same moment.
+            timeout = self._options.get("socket_timeout")
+            pool: Any = redis.asyncio.BlockingConnectionPool.from_url(
                 self.url,
+                max_connections=ASYNC_MAX_CONNECTIONS,
+                timeout=timeout if timeout is not None else 5.0,
                 retry=redis.asyncio.retry.Retry(self._backoff(), self._retries),
                 **self._options,
             )
+            client = redis.asyncio.Redis(connection_pool=pool)
+            client.auto_close_connection_pool = True  # aclose() closes the pool it owns
             bound = self._loop_clients[loop] = _Client.wrap(client)
         return bound
 
