@@ -59,8 +59,13 @@ def measure(store_name: str, tokens: int, directory: Path, redis_url: str | None
     """Stream one turn of ``tokens`` tokens into a fresh store and measure the writes."""
     store = TimedStore(make_store(store_name, directory, redis_url))
     try:
+        # Writes follow the chunk cadence only: a time-based write would make the
+        # count depend on how busy the machine is.
         model = RecoveringChatModel(
-            model=TokenStreamModel(tokens=tokens), store=store, stream_idle_timeout=None
+            model=TokenStreamModel(tokens=tokens),
+            store=store,
+            stream_idle_timeout=None,
+            checkpoint_every_seconds=1e9,
         )
         before = _bytes(store_name, redis_url)
         text = "".join(str(chunk.content) for chunk in model.stream("hi"))

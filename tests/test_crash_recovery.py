@@ -139,10 +139,15 @@ class Child:
         self._conn.send("go")
 
     def kill(self) -> None:
-        """SIGKILL the child and reap it."""
+        """SIGKILL the child, reap it, and read the reports it sent before it died."""
         os.kill(self.pid, signal.SIGKILL)
         self.process.join(WAIT)
         assert self.process.exitcode == -signal.SIGKILL
+        try:
+            while self._conn.poll(0):
+                self.events.append(self._conn.recv())
+        except EOFError:
+            pass
         self._conn.close()
 
     def finish(self) -> None:

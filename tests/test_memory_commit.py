@@ -225,6 +225,34 @@ def test_committing_the_same_turn_twice_adds_it_once(
     assert contents(history.messages) == [("human", "question"), ("ai", "Only once.")]
 
 
+class _DeleteFailsOnce(DiskCacheStreamCheckpointStore):
+    """The process dies between the commit and the checkpoint's deletion."""
+
+    armed = True
+
+    def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+        if self.armed:
+            self.armed = False
+            raise SystemExit("process killed before the checkpoint was deleted")
+        super().delete(run_id, epoch=epoch)
+
+
+def test_rerunning_a_committed_turn_after_a_crash_leaves_memory_unchanged(
+    tmp_path: Path,
+) -> None:
+    history = SQLiteHistory(tmp_path / "chat.sqlite", "s1")
+    run_id = uuid.uuid4()
+    with _DeleteFailsOnce(tmp_path / "checkpoints") as store:
+        first, _ = model(store, [*text("Answer."), finish()], keep_until_committed=True)
+        with pytest.raises(SystemExit):
+            chat_turn(first, history, "question", run_id, store)
+        assert [c.complete for c in store.list_checkpoints()] == [True]
+        second, _ = model(store, [*text("Answer."), finish()], keep_until_committed=True)
+        chat_turn(second, history, "question", run_id, store)  # the whole turn again
+        assert store.list_run_ids() == []
+    assert contents(history.messages) == [("human", "question"), ("ai", "Answer.")]
+
+
 def test_a_turn_is_kept_complete_until_it_is_committed(
     tmp_path: Path, store: DiskCacheStreamCheckpointStore
 ) -> None:
