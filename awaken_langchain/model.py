@@ -110,6 +110,13 @@ class _Decision:
     error: BaseException | None = None
     event: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def event_name(self) -> str:
+        """The recovery event that reports this decision."""
+        if self.action == "finish":
+            return "awaken_finish_with_tool_calls"
+        return "awaken_retry" if self.plan is Plan.RESTART else "awaken_continuation"
+
 
 class _Turn:
     """The state and decisions of one recovering turn (no I/O)."""
@@ -868,10 +875,7 @@ class RecoveringChatModel(BaseChatModel):
                     if decision.error is exc:
                         raise
                     raise decision.error from exc
-                name = "awaken_continuation" if decision.plan != Plan.RESTART else "awaken_retry"
-                if decision.action == "finish":
-                    name = "awaken_finish_with_tool_calls"
-                self._event(turn, name, decision.event)
+                self._event(turn, decision.event_name, decision.event)
                 if decision.action == "retry":
                     self.retry_policy.sleep(decision.delay)
                     continue
@@ -914,21 +918,19 @@ class RecoveringChatModel(BaseChatModel):
     def _event(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
         try:
-            self._callbacks(turn).on_custom_event(name, data, run_id=turn.ctx.run_id)
+            manager = CallbackManager.configure(*self._callback_settings(turn))
+            manager.on_custom_event(name, data, run_id=turn.ctx.run_id)
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", name)
 
     def _warn(self, turn: _Turn, name: str, message: str) -> None:
         logger.warning("%s", message)
-        data = {"key": turn.ctx.key, "message": message}
-        try:
-            self._callbacks(turn).on_custom_event(name, data, run_id=turn.ctx.run_id)
-        except Exception:
-            logger.exception("callback failed while reporting %s", name)
+        self._event(turn, name, {"key": turn.ctx.key, "message": message})
 
-    def _callbacks(self, turn: _Turn) -> CallbackManager:
+    def _callback_settings(self, turn: _Turn) -> tuple[Any, ...]:
+        """Arguments of ``CallbackManager.configure`` for the call's recovery events."""
         config = turn.ctx.config
-        return CallbackManager.configure(
+        return (
             config.get("callbacks"),
             self.callbacks,
             self.verbose,
@@ -1006,10 +1008,7 @@ class RecoveringChatModel(BaseChatModel):
                     if decision.error is exc:
                         raise
                     raise decision.error from exc
-                name = "awaken_continuation" if decision.plan != Plan.RESTART else "awaken_retry"
-                if decision.action == "finish":
-                    name = "awaken_finish_with_tool_calls"
-                await self._aevent(turn, name, decision.event)
+                await self._aevent(turn, decision.event_name, decision.event)
                 if decision.action == "retry":
                     await self.retry_policy.async_sleep(decision.delay)
                     continue
@@ -1055,29 +1054,14 @@ class RecoveringChatModel(BaseChatModel):
     async def _aevent(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
         try:
-            await self._acallbacks(turn).on_custom_event(name, data, run_id=turn.ctx.run_id)
-        except Exception:
+            manager = AsyncCallbackManager.configure(*self._callback_settings(turn))
+            await manager.on_custom_event(name, data, run_id=turn.ctx.run_id)
+        except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", name)
 
     async def _awarn(self, turn: _Turn, name: str, message: str) -> None:
         logger.warning("%s", message)
-        data = {"key": turn.ctx.key, "message": message}
-        try:
-            await self._acallbacks(turn).on_custom_event(name, data, run_id=turn.ctx.run_id)
-        except Exception:
-            logger.exception("callback failed while reporting %s", name)
-
-    def _acallbacks(self, turn: _Turn) -> AsyncCallbackManager:
-        config = turn.ctx.config
-        return AsyncCallbackManager.configure(
-            config.get("callbacks"),
-            self.callbacks,
-            self.verbose,
-            config.get("tags"),
-            self.tags,
-            config.get("metadata"),
-            self.metadata,
-        )
+        await self._aevent(turn, name, {"key": turn.ctx.key, "message": message})
 
     async def _agenerate(
         self,
