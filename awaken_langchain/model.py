@@ -917,15 +917,18 @@ class RecoveringChatModel(BaseChatModel):
 
     def _event(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
+        self._dispatch(turn, name, data)
+
+    def _warn(self, turn: _Turn, name: str, message: str) -> None:
+        logger.warning("%s", message)
+        self._dispatch(turn, name, {"key": turn.ctx.key, "message": message})
+
+    def _dispatch(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         try:
             manager = CallbackManager.configure(*self._callback_settings(turn))
             manager.on_custom_event(name, data, run_id=turn.ctx.run_id)
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", name)
-
-    def _warn(self, turn: _Turn, name: str, message: str) -> None:
-        logger.warning("%s", message)
-        self._event(turn, name, {"key": turn.ctx.key, "message": message})
 
     def _callback_settings(self, turn: _Turn) -> tuple[Any, ...]:
         """Arguments of ``CallbackManager.configure`` for the call's recovery events."""
@@ -1053,15 +1056,18 @@ class RecoveringChatModel(BaseChatModel):
 
     async def _aevent(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         logger.info("%s %s", name, data)
+        await self._adispatch(turn, name, data)
+
+    async def _awarn(self, turn: _Turn, name: str, message: str) -> None:
+        logger.warning("%s", message)
+        await self._adispatch(turn, name, {"key": turn.ctx.key, "message": message})
+
+    async def _adispatch(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
         try:
             manager = AsyncCallbackManager.configure(*self._callback_settings(turn))
             await manager.on_custom_event(name, data, run_id=turn.ctx.run_id)
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", name)
-
-    async def _awarn(self, turn: _Turn, name: str, message: str) -> None:
-        logger.warning("%s", message)
-        await self._aevent(turn, name, {"key": turn.ctx.key, "message": message})
 
     async def _agenerate(
         self,
