@@ -29,6 +29,17 @@ NOT_EXECUTED_REPLY = (
 )
 """The synthetic tool result that answers a tool call that was never executed."""
 
+INVALID_ARGS_MARKER = "[awaken: not executed] "
+"""Prefix given, in streamed chunks only, to the raw arguments of a call that will
+not run when LangChain's lenient chunk merge would repair them.
+
+LangChain re-parses merged tool-call chunks with ``parse_partial_json``, which
+closes cut-off JSON: ``{"city": "Ber`` would become a valid call. The marker
+keeps such a call in ``invalid_tool_calls`` after any merge; arguments that no
+merge can repair are streamed as the model wrote them. Requests built by the
+wrapper strip the marker again (see `awaken_langchain.recovery.answer_invalid_tool_calls`).
+"""
+
 CHARS_PER_TOKEN = 4
 """Rough characters per token, used only to estimate regenerated output."""
 
@@ -77,38 +88,64 @@ def continuation_messages(
     return [*messages, AIMessage(content=stripped), HumanMessage(content=prompt)]
 
 
+def _not_executed_reasons(message: AIMessage) -> dict[str, str]:
+    """The reasons ``response_metadata["awaken"]`` gives for calls that did not run."""
+    awaken = message.response_metadata.get("awaken")
+    entries = awaken.get("not_executed") if isinstance(awaken, dict) else None
+    reasons: dict[str, str] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("id") and entry.get("error"):
+            reasons[str(entry["id"])] = str(entry["error"])
+    return reasons
+
+
+def _unmarked(message: AIMessage, marker: str) -> AIMessage:
+    """``message`` with the streaming guard removed from its invalid calls' arguments."""
+    calls = message.invalid_tool_calls
+    if not any((c.get("args") or "").startswith(marker) for c in calls):
+        return message
+    fixed = [
+        {**c, "args": (c.get("args") or "").removeprefix(marker)}
+        for c in calls  # the arguments the model wrote
+    ]
+    return message.model_copy(update={"invalid_tool_calls": fixed})
+
+
 def answer_invalid_tool_calls(
-    messages: Sequence[BaseMessage], *, interrupted_marker: str = ""
+    messages: Sequence[BaseMessage], *, marker: str = INVALID_ARGS_MARKER
 ) -> list[BaseMessage]:
-    """Answer every never-executed tool call of the history, for one request.
+    """Make a history's never-executed tool calls valid to send, for one request.
 
     An assistant message's invalid tool calls (cut off mid-stream, or malformed)
     are sent to providers as tool calls; OpenAI and Anthropic reject a history in
     which a tool call id has no tool result, and the model should learn that the
     call did not run. For each invalid call with an id and no answering
     ``ToolMessage``, an error ``ToolMessage`` saying so is inserted right after
-    the assistant message. The input is not modified (memory never holds these).
+    the assistant message; and the streaming guard that kept a cut-off call from
+    being repaired into a valid one is removed from its arguments, so the
+    provider gets the arguments the model wrote. The input is not modified
+    (memory never holds these changes).
 
     Args:
         messages: The request's messages.
-        interrupted_marker: Argument prefix that marks a call cut off mid-stream.
+        marker: The guard prefix streamed before repairable invalid arguments.
     """
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     patched: list[BaseMessage] = []
     for message in messages:
-        patched.append(message)
-        if not isinstance(message, AIMessage):
+        if not isinstance(message, AIMessage) or not message.invalid_tool_calls:
+            patched.append(message)
             continue
+        patched.append(_unmarked(message, marker))
+        reasons = _not_executed_reasons(message)
         for call in message.invalid_tool_calls:
             call_id = call.get("id")
             if not call_id or call_id in answered:
                 continue
-            args = call.get("args") or ""
-            interrupted = bool(interrupted_marker) and args.startswith(interrupted_marker)
-            reason = call.get("error") or (
-                "its arguments were cut off when the response stream was interrupted."
-                if interrupted
-                else "its arguments were not a complete JSON object."
+            reason = (
+                call.get("error")
+                or reasons.get(call_id)
+                or "its arguments were not a complete JSON object."
             )
             name = call.get("name") or "unknown"
             patched.append(

@@ -213,7 +213,9 @@ def test_langgraph_thread_and_task_give_the_key_when_no_run_id_is_passed() -> No
     model, _ = process(store, [*text("Cut "), reset()], retry_policy=policy(max_continuations=0))
     with pytest.raises(StreamInterruptedError):
         model.invoke("q", config=config)
-    saved = store.get("thread-7:model:task-1")
+    (key,) = store.list_run_ids()
+    assert key.startswith("thread-7:model:task-1:")
+    saved = store.get(key)
     assert saved is not None
     assert saved.thread_id == "thread-7"
 
