@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -300,6 +300,28 @@ class StreamCheckpointStore(ABC):
             StreamCheckpointError: On any other storage failure, or when the
                 encoded checkpoint exceeds ``max_checkpoint_bytes``.
         """
+
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        """Store several runs' checkpoints at once (group commit), each as `put` would.
+
+        One checkpoint's failure (fenced, too large) never stops the others. The
+        default puts them one by one; backends that can commit many records in
+        one transaction or round trip override it.
+
+        Returns:
+            For each checkpoint, in order, ``None`` or the error its put raised.
+        """
+        errors: list[StreamCheckpointError | None] = []
+        for checkpoint in checkpoints:
+            try:
+                self.put(checkpoint)
+            except StreamCheckpointError as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
 
     @abstractmethod
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:

@@ -9,6 +9,7 @@ sleep or await, as the engine's steps say.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
@@ -30,10 +31,10 @@ from typing_extensions import override
 from awaken_langchain._idle import Pump, with_idle_timeout
 from awaken_langchain._rebind import replace_model, with_settings
 from awaken_langchain.accumulator import dumps_args
-from awaken_langchain.checkpoint import StreamCheckpointStore, model_identifier
+from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
-from awaken_langchain.events import Reporter
+from awaken_langchain.events import Report, Reporter
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -44,6 +45,7 @@ from awaken_langchain.request import (
     request_fingerprint,
 )
 from awaken_langchain.retry import RetryPolicy
+from awaken_langchain.writer import CheckpointWriter, writer_for
 
 _CHECKPOINTER = "__pregel_checkpointer"
 """Where LangGraph puts a graph's checkpointer in a task's ``configurable``."""
@@ -115,6 +117,40 @@ def _streams_usage_on_request(cls: type[BaseChatModel]) -> bool:
     return False
 
 
+def _open_run(
+    store: StreamCheckpointStore, engine: TurnEngine
+) -> tuple[StreamCheckpoint | None, StreamCheckpointError | None]:
+    """On the writer thread: release the committed turn, claim the run, read it."""
+    released: StreamCheckpointError | None = None
+    release = engine.request.release_key
+    if release is not None:  # memory holds the previous turn now
+        try:
+            store.delete(release)
+        except StreamCheckpointError as exc:
+            released = exc
+    engine.claimed(store.claim(engine.key))
+    return store.get(engine.key), released
+
+
+def _last_action(store: StreamCheckpointStore, engine: TurnEngine, step: Step) -> Any:
+    """The write (or delete) a turn waits for before it returns or raises."""
+    if step.write is not None:
+        return functools.partial(store.put, step.write)
+    return functools.partial(store.delete, engine.key, epoch=engine.epoch)
+
+
+def _nothing() -> None:
+    """A no-op for the writer thread: its result means every earlier write landed."""
+
+
+def _store_health(engine: TurnEngine, writer: CheckpointWriter, deadline: float) -> list[Report]:
+    """Tell the engine whether the run's writes are reaching the store."""
+    problem = writer.problem(engine.key, deadline)
+    if problem is not None:
+        return engine.store_failed(problem)
+    return engine.store_answered()
+
+
 def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGenerationChunk:
     """Wrap a chunk to yield; the received generation is reused when it carries it."""
     if chunk is received.message:
@@ -179,6 +215,12 @@ class RecoveringChatModel(BaseChatModel):
     """Write a checkpoint after at most this many chunks of output."""
     checkpoint_every_seconds: float = Field(default=0.25, gt=0)
     """Write a checkpoint when this many seconds of output are unsaved."""
+    checkpoint_deadline: float = Field(default=0.5, gt=0)
+    """Seconds a turn waits for its store when it must (opening the run, its last
+    write). Other writes never make the stream wait: a background writer commits
+    them. A store that does not answer in time degrades checkpointing with one
+    warning; the turn goes on at stream speed, and checkpointing resumes when the
+    store answers."""
     stream_idle_timeout: float | None = Field(default=60.0, gt=0)
     """Seconds without a chunk after which the stream counts as interrupted."""
     reasoning_stream_idle_timeout: float | None = Field(default=180.0, gt=0)
@@ -485,6 +527,13 @@ class RecoveringChatModel(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=engine.message())])
 
     def _run(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
+        try:
+            yield from self._turn(engine, reporter)
+        finally:
+            if not engine.done:  # the caller stopped reading: land what was handed over
+                self._settle(engine)
+
+    def _turn(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         yield from self._open(engine, reporter)
         while (request := engine.next_request()) is not None:
             try:
@@ -512,20 +561,17 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is None:
             return
-        release = engine.request.release_key
-        if release is not None:  # memory holds the previous turn now
-            try:
-                store.delete(release)
-            except StreamCheckpointError as exc:
-                for report in engine.release_failed(exc):
-                    reporter.report(report)
+        writer = writer_for(store)
+        opening = writer.call(functools.partial(_open_run, store, engine))
         try:
-            engine.claimed(store.claim(engine.key))
-            checkpoint = store.get(engine.key)
+            checkpoint, released = writer.wait(opening, self.checkpoint_deadline)
         except StreamCheckpointError as exc:
             for report in engine.store_unavailable(exc):
                 reporter.report(report)
             return
+        if released is not None:
+            for report in engine.release_failed(released):
+                reporter.report(report)
         yield from self._carry_out(engine, reporter, engine.resume(checkpoint, store.clock()))
 
     def _carry_out(
@@ -542,17 +588,30 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is None or (step.write is None and not step.delete):
             return
-        try:
-            if step.write is not None:
-                store.put(step.write)
+        writer = writer_for(store)
+        if step.write is not None and not closing and step.error is None:
+            writer.submit(step.write)  # the stream goes on; the writer commits it
+            reports = _store_health(engine, writer, self.checkpoint_deadline)
+        else:  # the turn ends: its last write or delete lands before it returns
+            try:
+                last = writer.call(_last_action(store, engine, step))
+                writer.wait(last, self.checkpoint_deadline)
+            except StreamCheckpointError as exc:
+                reports = engine.store_failed(exc, closing=closing)
             else:
-                store.delete(engine.key, epoch=engine.epoch)
-        except StreamCheckpointError as exc:
-            reports = engine.store_failed(exc, closing=closing)
-        else:
-            reports = engine.store_answered()
+                reports = engine.store_answered()
+            writer.forget(engine.key)
         for report in reports:
             reporter.report(report)
+
+    def _settle(self, engine: TurnEngine) -> None:
+        store = self.store
+        if store is None or not engine.checkpointing:
+            return
+        writer = writer_for(store)
+        with contextlib.suppress(StreamCheckpointError):
+            writer.wait(writer.call(_nothing), self.checkpoint_deadline)
+        writer.forget(engine.key)
 
     def _inner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
@@ -595,6 +654,16 @@ class RecoveringChatModel(BaseChatModel):
     async def _arun(
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
+        try:
+            async for chunk in self._aturn(engine, reporter):
+                yield chunk
+        finally:
+            if not engine.done:  # the caller stopped reading: land what was handed over
+                await self._asettle(engine)
+
+    async def _aturn(
+        self, engine: TurnEngine, reporter: Reporter
+    ) -> AsyncIterator[ChatGenerationChunk]:
         async for opened in self._aopen(engine, reporter):
             yield opened
         while (request := engine.next_request()) is not None:
@@ -628,20 +697,17 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is None:
             return
-        release = engine.request.release_key
-        if release is not None:  # memory holds the previous turn now
-            try:
-                await store.adelete(release)
-            except StreamCheckpointError as exc:
-                for report in engine.release_failed(exc):
-                    await reporter.areport(report)
+        writer = writer_for(store)
+        opening = writer.call(functools.partial(_open_run, store, engine))
         try:
-            engine.claimed(await store.aclaim(engine.key))
-            checkpoint = await store.aget(engine.key)
+            checkpoint, released = await writer.await_(opening, self.checkpoint_deadline)
         except StreamCheckpointError as exc:
             for report in engine.store_unavailable(exc):
                 await reporter.areport(report)
             return
+        if released is not None:
+            for report in engine.release_failed(released):
+                await reporter.areport(report)
         async for replayed in self._acarry_out(
             engine, reporter, engine.resume(checkpoint, store.clock())
         ):
@@ -662,17 +728,30 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is None or (step.write is None and not step.delete):
             return
-        try:
-            if step.write is not None:
-                await store.aput(step.write)
+        writer = writer_for(store)
+        if step.write is not None and not closing and step.error is None:
+            writer.submit(step.write)  # the stream goes on; the writer commits it
+            reports = _store_health(engine, writer, self.checkpoint_deadline)
+        else:  # the turn ends: its last write or delete lands before it returns
+            try:
+                last = writer.call(_last_action(store, engine, step))
+                await writer.await_(last, self.checkpoint_deadline)
+            except StreamCheckpointError as exc:
+                reports = engine.store_failed(exc, closing=closing)
             else:
-                await store.adelete(engine.key, epoch=engine.epoch)
-        except StreamCheckpointError as exc:
-            reports = engine.store_failed(exc, closing=closing)
-        else:
-            reports = engine.store_answered()
+                reports = engine.store_answered()
+            writer.forget(engine.key)
         for report in reports:
             await reporter.areport(report)
+
+    async def _asettle(self, engine: TurnEngine) -> None:
+        store = self.store
+        if store is None or not engine.checkpointing:
+            return
+        writer = writer_for(store)
+        with contextlib.suppress(StreamCheckpointError):
+            await writer.await_(writer.call(_nothing), self.checkpoint_deadline)
+        writer.forget(engine.key)
 
     async def _ainner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]

@@ -117,6 +117,8 @@ class ChildSpec:
         checkpoint_every_chunks: The wrapper's checkpoint cadence.
         use_async: Run the graph with ``astream`` over an ``AsyncSqliteSaver``
             (the wrapper's async path) instead of ``stream`` over a ``SqliteSaver``.
+        checkpoint_deadline: How long the wrapper waits for the store when it
+            must; long here, because block points hold store writes on purpose.
     """
 
     name: str
@@ -131,6 +133,7 @@ class ChildSpec:
     block: str | None = None
     checkpoint_every_chunks: int = 1
     use_async: bool = False
+    checkpoint_deadline: float = 60.0
 
     @property
     def stdout_path(self) -> Path:
@@ -298,7 +301,10 @@ def build_agent(
     inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
     store = _reporting_store(spec.store_kind, spec.store_dir, channel, spec.block)
     model = RecoveringChatModel(
-        model=inner, store=store, checkpoint_every_chunks=spec.checkpoint_every_chunks
+        model=inner,
+        store=store,
+        checkpoint_every_chunks=spec.checkpoint_every_chunks,
+        checkpoint_deadline=spec.checkpoint_deadline,
     )
     agent = create_agent(model, tools=[lookup], checkpointer=saver)
     config = {

@@ -36,7 +36,10 @@ def test_write_growth_benchmark_counts_puts_and_bytes_per_store() -> None:
     by_store = {(r.store, r.tokens): r for r in rows}
     for store in ("memory", "file", "diskcache"):
         small, large = by_store[store, 40], by_store[store, 400]
-        assert (small.puts, large.puts) == (5, 50)  # every 8 chunks of 4 characters
+        # every 8 chunks of 4 characters at most: the writer coalesces what the
+        # store has not taken yet into one put
+        assert 1 <= small.puts <= 5
+        assert 1 <= large.puts <= 50
         assert large.time_growth is not None
     assert by_store["memory", 400].bytes_written is None
     for store in ("file", "diskcache"):

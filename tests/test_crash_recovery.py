@@ -508,7 +508,8 @@ def test_a_process_fenced_out_by_a_newer_owner_stops_writing_the_run(world: Worl
         Scenario(text="her in Paris is sunny.", fault=Fault.stall(STALL, after_events=4)),
     )
     old = world.start("old-owner", prompt=PROMPT, block="token:3")
-    old.wait_event("blocked", point="token:3")  # has written "The weat", holds "her "
+    old.wait_event("blocked", point="token:3")  # holds "her "
+    old.wait_event("put", text="The weat")  # the background writer landed "The weat"
     key = _key_of(old)
     assert [p["text"] for p in old.puts()][-1] == "The weat"
     writes_before_the_race = len(old.puts())

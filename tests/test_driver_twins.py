@@ -18,6 +18,8 @@ from awaken_langchain.model import RecoveringChatModel
 
 TWINS = [
     ("_run", "_arun"),
+    ("_turn", "_aturn"),
+    ("_settle", "_asettle"),
     ("_open", "_aopen"),
     ("_carry_out", "_acarry_out"),
     ("_store_step", "_astore_step"),
@@ -26,6 +28,8 @@ TWINS = [
 
 RENAMES = {
     "_arun": "_run",
+    "_aturn": "_turn",
+    "_asettle": "_settle",
     "_aopen": "_open",
     "_acarry_out": "_carry_out",
     "_astore_step": "_store_step",
@@ -37,6 +41,7 @@ RENAMES = {
     "aget": "get",
     "areport": "report",
     "async_sleep": "sleep",
+    "await_": "wait",
     "AsyncIterator": "Iterator",
     "AsyncCallbackManagerForLLMRun": "CallbackManagerForLLMRun",
 }
@@ -113,9 +118,9 @@ def _shape(name: str) -> str:
     function = tree.body[0]
     function.name = RENAMES.get(function.name, function.name)
     function.body = _yield_from(function.body)
-    if function.body and isinstance(function.body[0], ast.Expr):  # the docstring
-        if isinstance(function.body[0].value, ast.Constant):
-            function.body = function.body[1:]
+    first = function.body[0] if function.body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):  # the docstring
+        function.body = function.body[1:]
     return ast.dump(ast.fix_missing_locations(tree), include_attributes=False)
 
 
