@@ -1101,6 +1101,8 @@ def test_server_public_names_are_exported_from_testing() -> None:
         "RecordedRequest",
         "Responder",
         "Scenario",
+        "ScriptedCitation",
+        "ScriptedThinking",
         "ScriptedToolCall",
         "ShapeRule",
         "TokenUsage",

@@ -1,8 +1,9 @@
 """Test doubles for recovery code: users test their own recovery with these.
 
-- :class:`LoopbackProvider`: a loopback OpenAI- and Anthropic-compatible
-  streaming server, answering from scripted :class:`Scenario` objects with
-  injectable :class:`Fault` objects, recording every request.
+- :class:`LoopbackProvider`: a loopback OpenAI- (Chat Completions and
+  Responses) and Anthropic-compatible streaming server, answering from
+  scripted :class:`Scenario` objects with injectable :class:`Fault` objects,
+  recording every request.
 - :class:`ScriptedChatModel`: a chat model that replays scripted chunks,
   exceptions and stalls, recording every call.
 """
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
         RecordedRequest,
         Responder,
         Scenario,
+        ScriptedCitation,
+        ScriptedThinking,
         ScriptedToolCall,
         ShapeRule,
         TokenUsage,
@@ -61,6 +64,8 @@ __all__ = [
     "Responder",
     "Scenario",
     "ScriptedChatModel",
+    "ScriptedCitation",
+    "ScriptedThinking",
     "ScriptedToolCall",
     "ShapeRule",
     "Stall",
