@@ -945,6 +945,7 @@ _STREAM_ERROR_MESSAGES = {
     "overloaded_error": "Overloaded",
     "server_error": "The server had an error while processing your request. Sorry about that!",
     "api_error": "Internal server error",
+    "rate_limit_exceeded": "Rate limit reached for requests.",
 }
 
 
