@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         continuation_responder,
         echo_responder,
         periodic_fault,
+        schema_responder,
     )
 
 
@@ -76,4 +77,5 @@ __all__ = [
     "text",
     "tool_call",
     "periodic_fault",
+    "schema_responder",
 ]

@@ -81,6 +81,14 @@ from awaken_langchain.testing._scenarios import (
     TokenUsage,
     is_openai,
 )
+from awaken_langchain.testing._schema import (
+    answer_format,
+    example_value,
+    json_object_for,
+    mentioned_tool,
+    offered_tools,
+    tool_choice,
+)
 from awaken_langchain.testing._shapes import (
     DEFAULT_SHAPE_RULES,
     NO_ASSISTANT_PREFILL,
@@ -123,6 +131,7 @@ __all__ = [
     "continuation_responder",
     "echo_responder",
     "periodic_fault",
+    "schema_responder",
 ]
 
 logger = logging.getLogger("awaken_langchain.testing.server")
@@ -217,6 +226,72 @@ def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Respon
         return Scenario(text=prefix + _last_user_text(request.messages), chunk_size=chunk_size)
 
     return respond
+
+
+def schema_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Responder:
+    """A responder that answers tool and structured-output requests from their own schemas.
+
+    Deterministic, for test suites that need a valid answer to any request
+    (for example the ``langchain_tests`` integration suites):
+
+    - a request that forces a tool (a named ``tool_choice``, ``"required"``,
+      Anthropic ``{"type": "any"}``), or offers tools and is not answering a
+      tool result, calls one: the forced one, else the first whose name the
+      last user message mentions, else the first; its arguments fill every
+      property of the tool's JSON schema with plausible values of the right
+      types (see ``example_value``: strings ``"example <name>"``, integers 3
+      inside their bounds...);
+    - a request for structured output (Chat Completions ``response_format``,
+      Responses ``text.format``, Anthropic ``output_config.format``) is
+      answered with a JSON document valid against the schema; JSON mode
+      without a schema gets an object with the keys the prompt quotes;
+    - anything else is echoed like :func:`echo_responder`.
+
+    Args:
+        prefix: Text put before an echoed message.
+        chunk_size: Characters per streamed delta or argument fragment.
+
+    Returns:
+        A responder usable as ``LoopbackProvider(default=...)``.
+    """
+    echo = echo_responder(prefix, chunk_size=chunk_size)
+
+    def respond(request: RecordedRequest) -> Scenario:
+        body, provider = request.body, request.provider
+        if provider is None or not isinstance(body, dict):
+            return echo(request)
+        tools = offered_tools(provider, body)
+        mode, name = tool_choice(provider, body)
+        tool = None
+        if mode == "named":
+            tool = next((t for t in tools if t.name == name), None)
+        elif tools and (mode == "any" or (mode == "auto" and not _answers_tool(request))):
+            tool = mentioned_tool(tools, _last_user_text(request.messages))
+        if tool is not None:
+            call = ScriptedToolCall(tool.name, example_value(tool.parameters))
+            return Scenario(tool_calls=[call], chunk_size=chunk_size)
+        fmt = answer_format(provider, body)
+        if fmt is not None:
+            if fmt["type"] == "json_schema":
+                document = example_value(fmt["schema"])
+            else:
+                document = json_object_for(_last_user_text(request.messages))
+            return Scenario(text=json.dumps(document), chunk_size=chunk_size)
+        return echo(request)
+
+    return respond
+
+
+def _answers_tool(request: RecordedRequest) -> bool:
+    """Whether the request's last message hands tool results back to the model."""
+    messages = request.messages
+    if not messages:
+        return False
+    content = messages[-1].get("content")
+    blocks = content if isinstance(content, list) else []
+    return messages[-1].get("role") == "tool" or any(
+        isinstance(b, Mapping) and b.get("type") == "tool_result" for b in blocks
+    )
 
 
 def continuation_responder(answer: Scenario, *, overlap: int = 0) -> Responder:
