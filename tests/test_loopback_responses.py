@@ -18,6 +18,7 @@ from awaken_langchain.testing import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
     continuation_responder,
     echo_responder,
 )
@@ -229,6 +230,24 @@ def test_redacted_reasoning_has_no_summary(server: LoopbackProvider) -> None:
     reasoning, _ = create(server, include=ENCRYPTED).output
     assert reasoning.summary == []
     assert unseal(reasoning.encrypted_content) == f"{reasoning.id}\nhidden"
+
+
+def test_web_search_call_item_streams_its_stages(server: LoopbackProvider) -> None:
+    search = ScriptedWebSearch("capital of France", [("https://example.com/paris", "Paris")])
+    scenario = Scenario(text=TEXT, web_searches=[search], citations=[CITATION])
+    server.enqueue(scenario, scenario)
+    events = list(create(server, stream=True))
+    stages = [e.type for e in events if e.type.startswith("response.web_search_call.")]
+    assert stages == [
+        "response.web_search_call.in_progress",
+        "response.web_search_call.searching",
+        "response.web_search_call.completed",
+    ]
+    call, message = events[-1].response.output
+    assert call.type == "web_search_call"
+    assert call.action.query == "capital of France"
+    assert message.content[0].annotations[0].url == "https://example.com/paris"
+    assert [item.type for item in create(server).output] == ["web_search_call", "message"]
 
 
 # -- faults -----------------------------------------------------------------------------

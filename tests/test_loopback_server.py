@@ -1104,6 +1104,7 @@ def test_server_public_names_are_exported_from_testing() -> None:
         "ScriptedCitation",
         "ScriptedThinking",
         "ScriptedToolCall",
+        "ScriptedWebSearch",
         "ShapeRule",
         "TokenUsage",
         "continuation_responder",

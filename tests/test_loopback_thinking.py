@@ -1,5 +1,5 @@
-"""Anthropic extended thinking and citations on the loopback provider, and the request
-rules both thinking wires enforce, through the real SDKs, ChatAnthropic and ChatOpenAI."""
+"""Anthropic extended thinking, citations and server tools on the loopback provider, and
+the request rules both thinking wires enforce, through the real SDKs and LangChain models."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from awaken_langchain.testing import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
 )
 from awaken_langchain.testing._wire import signature_is_valid, thinking_signature, unseal
 
@@ -76,14 +77,9 @@ def create(server: LoopbackProvider, messages: list[Any] | None = None, **kwargs
 
 
 def chat(server: LoopbackProvider, **kwargs: Any) -> ChatAnthropic:
+    settings: dict[str, Any] = {"max_tokens": 2048, "thinking": THINKING_ON, **kwargs}
     return ChatAnthropic(
-        model=MODEL,
-        base_url=server.base_url_anthropic,
-        api_key="x",
-        max_retries=0,
-        max_tokens=2048,
-        thinking=THINKING_ON,
-        **kwargs,
+        model=MODEL, base_url=server.base_url_anthropic, api_key="x", max_retries=0, **settings
     )
 
 
@@ -217,6 +213,35 @@ def test_error_event_after_thinking_is_an_overloaded_status_error(
         list(create(server, stream=True))
     assert caught.value.status_code == 200
     assert caught.value.body["error"]["type"] == "overloaded_error"
+
+
+def test_web_search_server_tool_blocks_stream_and_parse_like_non_streamed(
+    server: LoopbackProvider,
+) -> None:
+    search = ScriptedWebSearch("Utrecht weather", [("https://example.com/utrecht", "Utrecht")])
+    scenario = Scenario(text=TEXT, web_searches=[search], citations=[CITATION])
+    server.enqueue(scenario, scenario)
+    plain = create(server).content
+    with client(server).messages.stream(
+        model=MODEL, max_tokens=2048, messages=[{"role": "user", "content": "Weather?"}]
+    ) as stream:
+        streamed = stream.get_final_message().content
+    for content in (plain, streamed):
+        use, result, cited, _ = content
+        assert use.type == "server_tool_use"
+        assert (use.name, use.input) == ("web_search", {"query": "Utrecht weather"})
+        assert result.type == "web_search_tool_result"
+        assert result.tool_use_id == use.id
+        assert [(r.url, r.title) for r in result.content] == [
+            ("https://example.com/utrecht", "Utrecht")
+        ]
+        assert cited.citations[0].url == "https://example.com/utrecht"
+    web_search = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
+    server.enqueue(scenario)
+    message = merge(list(chat(server, thinking=None).bind_tools([web_search]).stream("Weather?")))
+    kinds = [block["type"] for block in message.content if isinstance(block, dict)]
+    assert kinds == ["server_tool_use", "web_search_tool_result", "text", "text"]
+    assert not message.tool_calls
 
 
 # -- request rules: Anthropic -----------------------------------------------------------

@@ -158,6 +158,28 @@ class ScriptedCitation:
             )
 
 
+@dataclass(frozen=True)
+class ScriptedWebSearch:
+    """A web search the provider runs itself (a server tool), before the text.
+
+    Anthropic renders a ``server_tool_use`` block (``web_search``, its
+    ``query`` streamed as ``input_json_delta``) and a ``web_search_tool_result``
+    block listing the results; the Responses API a ``web_search_call`` item
+    (``response.web_search_call.in_progress``/``searching``/``completed``
+    events). Chat Completions ignores it.
+
+    Attributes:
+        query: The search query.
+        results: ``(url, title)`` of each result.
+    """
+
+    query: str
+    results: Sequence[tuple[str, str]] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "results", tuple(tuple(r) for r in self.results))
+
+
 class FaultKind(enum.Enum):
     """What goes wrong with a response. Build faults with the :class:`Fault` constructors."""
 
@@ -520,6 +542,9 @@ class Scenario:
         citations: Cited spans of the text, in order and not overlapping
             (Anthropic text-block ``citations``, Responses ``url_citation``
             annotations).
+        web_searches: Server-side web searches, after the thinking and before
+            the text (Anthropic ``server_tool_use`` + ``web_search_tool_result``,
+            Responses ``web_search_call`` items).
         usage: Reported token usage; ``None`` estimates it (about four
             characters per token of the request messages and of the output).
         chunk_size: Characters per streamed text delta or argument fragment.
@@ -540,6 +565,7 @@ class Scenario:
     tool_calls: Sequence[ScriptedToolCall] = ()
     thinking: Sequence[ScriptedThinking] = ()
     citations: Sequence[ScriptedCitation] = ()
+    web_searches: Sequence[ScriptedWebSearch] = ()
     usage: TokenUsage | None = None
     chunk_size: int = 4
     delay: float = 0.0
@@ -565,6 +591,7 @@ class Scenario:
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
         object.__setattr__(self, "thinking", tuple(self.thinking))
         object.__setattr__(self, "citations", tuple(self.citations))
+        object.__setattr__(self, "web_searches", tuple(self.web_searches))
         end = 0
         for citation in self.citations:
             if citation.start < end or citation.end > len(self.full_text):

@@ -27,6 +27,7 @@ from awaken_langchain.testing._scenarios import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
     TokenUsage,
     is_openai,
     split,
@@ -149,11 +150,9 @@ def estimate_usage(body: Any, scenario: Scenario) -> TokenUsage:
     """
     if scenario.usage is not None:
         return scenario.usage
-    prompt: Any = (
-        [body.get("messages"), body.get("input"), body.get("instructions")]
-        if isinstance(body, dict)
-        else []
-    )
+    prompt: Any = []
+    if isinstance(body, dict):
+        prompt = body.get("messages", [body.get("instructions"), body.get("input")])
     prompt_chars = len(json.dumps(prompt, separators=(",", ":")))
     output_chars = (
         len(scenario.full_text)
@@ -424,6 +423,30 @@ def anthropic_thinking_block(block: ScriptedThinking) -> dict[str, Any]:
     return {"type": "thinking", "thinking": text, "signature": thinking_signature(text)}
 
 
+def anthropic_web_search_blocks(
+    ctx: ResponseContext, number: int, search: ScriptedWebSearch
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``server_tool_use`` and ``web_search_tool_result`` blocks of a scripted search."""
+    use_id = f"srvtoolu_{ctx.number}_{number}"
+    use = {
+        "type": "server_tool_use",
+        "id": use_id,
+        "name": "web_search",
+        "input": {"query": search.query},
+    }
+    results = [
+        {
+            "type": "web_search_result",
+            "url": url,
+            "title": title,
+            "encrypted_content": seal(url),
+            "page_age": None,
+        }
+        for url, title in search.results
+    ]
+    return use, {"type": "web_search_tool_result", "tool_use_id": use_id, "content": results}
+
+
 def anthropic_citation(scenario: Scenario, citation: ScriptedCitation) -> dict[str, Any]:
     """A scripted citation as an Anthropic ``web_search_result_location``."""
     return {
@@ -477,6 +500,15 @@ def anthropic_frames(scenario: Scenario, ctx: ResponseContext) -> list[Frame]:
             frames.append(_block_delta(index, {"type": "signature_delta", "signature": signature}))
         frames.append(_block_stop(index))
         index += 1
+    for number, search in enumerate(scenario.web_searches):
+        use, result = anthropic_web_search_blocks(ctx, number, search)
+        frames.append(_block_start(index, {**use, "input": {}}))
+        for piece in split(json.dumps(use["input"]), scenario.chunk_size):
+            frames.append(_block_delta(index, {"type": "input_json_delta", "partial_json": piece}))
+        frames.append(_block_stop(index))
+        frames.append(_block_start(index + 1, result))
+        frames.append(_block_stop(index + 1))
+        index += 2
     if scenario.citations:
         texts = [
             (split(segment, scenario.chunk_size), citation)
@@ -538,6 +570,8 @@ def anthropic_message(
             non-streamed Anthropic ``tool_use.input`` cannot express.
     """
     content: list[dict[str, Any]] = [anthropic_thinking_block(b) for b in scenario.thinking]
+    for number, search in enumerate(scenario.web_searches):
+        content.extend(anthropic_web_search_blocks(ctx, number, search))
     for segment, citation in scenario.text_segments():
         if citation is None:
             content.append({"type": "text", "text": segment})
@@ -626,6 +660,16 @@ def responses_output(scenario: Scenario, ctx: ResponseContext) -> list[dict[str,
         if ENCRYPTED_REASONING in include:
             item["encrypted_content"] = encrypted_reasoning(item_id, block.full_text)
         output.append(item)
+    for index, search in enumerate(scenario.web_searches):
+        sources = [{"type": "url", "url": url} for url, _ in search.results]
+        output.append(
+            {
+                "id": f"ws_loopback_{ctx.number}_{index}",
+                "type": "web_search_call",
+                "status": "completed",
+                "action": {"type": "search", "query": search.query, "sources": sources},
+            }
+        )
     if scenario.full_text:
         part = {
             "type": "output_text",
@@ -779,6 +823,11 @@ def responses_frames(scenario: Scenario, ctx: ResponseContext) -> list[Frame]:
                 events.add(
                     "response.reasoning_summary_part.done", **summary, part=item["summary"][0]
                 )
+        elif item["type"] == "web_search_call":
+            added = {**item, "status": "in_progress"}
+            events.add("response.output_item.added", output_index=output_index, item=added)
+            for stage in ("in_progress", "searching", "completed"):
+                events.add(f"response.web_search_call.{stage}", **where)
         elif item["type"] == "message":
             events.add(
                 "response.output_item.added",

@@ -78,6 +78,7 @@ from awaken_langchain.testing._scenarios import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
     TokenUsage,
     is_openai,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "ScriptedCitation",
     "ScriptedThinking",
     "ScriptedToolCall",
+    "ScriptedWebSearch",
     "ShapeRule",
     "TokenUsage",
     "continuation_responder",
