@@ -1101,12 +1101,16 @@ def test_server_public_names_are_exported_from_testing() -> None:
         "RecordedRequest",
         "Responder",
         "Scenario",
+        "ScriptedCitation",
+        "ScriptedThinking",
         "ScriptedToolCall",
+        "ScriptedWebSearch",
         "ShapeRule",
         "TokenUsage",
         "continuation_responder",
         "echo_responder",
         "periodic_fault",
+        "schema_responder",
     ]
     for name in module.__all__:
         assert name in testing.__all__
