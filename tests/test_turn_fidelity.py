@@ -37,6 +37,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
 )
 from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text, tool_call
+from tests.conftest import Drive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -52,30 +53,6 @@ NO_WAIT = RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait)
 
 def reset() -> ConnectionResetError:
     return ConnectionResetError("connection reset by peer")
-
-
-@pytest.fixture(params=["sync", "async"])
-def mode(request: pytest.FixtureRequest) -> str:
-    """Every case runs through the sync and the async path."""
-    return str(request.param)
-
-
-async def collect(
-    model: Any, mode: str, prompt: Any = "q", config: dict[str, Any] | None = None
-) -> list[Any]:
-    """Stream ``prompt`` through ``model`` on the mode's path."""
-    if mode == "sync":
-        return list(model.stream(prompt, config=config))
-    return [chunk async for chunk in model.astream(prompt, config=config)]
-
-
-async def call(
-    model: Any, mode: str, prompt: Any = "q", config: dict[str, Any] | None = None
-) -> Any:
-    """Invoke ``model`` on the mode's path."""
-    if mode == "sync":
-        return model.invoke(prompt, config=config)
-    return await model.ainvoke(prompt, config=config)
 
 
 def merged(chunks: list[AIMessageChunk]) -> AIMessageChunk:
@@ -160,7 +137,7 @@ TIME = ScriptedToolCall("get_time", {"zone": "Europe/Paris"}, id="call_t")
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
-    server: LoopbackProvider, provider: str, mode: str
+    server: LoopbackProvider, provider: str, drive: Drive
 ) -> None:
     scenario = Scenario(text="Let me check.\n  Indented line.", tool_calls=[WEATHER, TIME])
     server.default = scenario
@@ -168,13 +145,13 @@ async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
     wrapper = wrapped(provider, server)
     # invoke: the bare client asks for one JSON answer, the wrapper streams it, so
     # only the metadata of the transport differs
-    expected = _comparable(await call(bare, mode), metadata=False)
-    found = _comparable(await call(wrapper, mode), metadata=False)
+    expected = _comparable(await drive.invoke(bare, "q"), metadata=False)
+    found = _comparable(await drive.invoke(wrapper, "q"), metadata=False)
     if provider == "anthropic":  # content blocks other than text: see the README's limits
         expected["content"] = _text(expected["content"])
     assert found == expected
-    streamed_bare = _comparable(merged(await collect(bare, mode)))
-    streamed = _comparable(merged(await collect(wrapper, mode)))
+    streamed_bare = _comparable(merged(await drive.stream(bare, "q")))
+    streamed = _comparable(merged(await drive.stream(wrapper, "q")))
     if provider == "anthropic":
         streamed_bare["content"] = _text(streamed_bare["content"])
     assert streamed == streamed_bare
@@ -183,17 +160,17 @@ async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
 # -- whitespace before a restart -----------------------------------------------------------
 
 
-async def test_whitespace_before_a_restart_is_never_shown_twice(mode: str) -> None:
+async def test_whitespace_before_a_restart_is_never_shown_twice(drive: Drive) -> None:
     inner = ScriptedChatModel(scripts=[[*text("\n", size=1), reset()], [*text("\n{}"), finish()]])
-    chunks = await collect(RecoveringChatModel(model=inner, retry_policy=NO_WAIT), mode)
+    chunks = await drive.stream(RecoveringChatModel(model=inner, retry_policy=NO_WAIT), "q")
     assert "".join(str(c.content) for c in chunks) == "\n{}"
     assert merged(chunks).content == "\n{}"
     assert merged(chunks).response_metadata["awaken"]["plans"] == ["R4"]
 
 
-async def test_whitespace_only_answer_is_kept_when_it_is_the_whole_answer(mode: str) -> None:
+async def test_whitespace_only_answer_is_kept_when_it_is_the_whole_answer(drive: Drive) -> None:
     inner = ScriptedChatModel(scripts=[[*text("\n\n", size=1), finish()]])
-    chunks = await collect(RecoveringChatModel(model=inner, retry_policy=NO_WAIT), mode)
+    chunks = await drive.stream(RecoveringChatModel(model=inner, retry_policy=NO_WAIT), "q")
     assert merged(chunks).content == "\n\n"
 
 
@@ -213,7 +190,7 @@ DOCUMENT = json.dumps(ANSWER.model_dump(), indent=2)
 @pytest.mark.parametrize("method", ["json_schema", "json_mode"])
 @pytest.mark.parametrize("cut", [6, 14])
 async def test_a_structured_answer_cut_mid_document_is_restarted_not_continued(
-    server: LoopbackProvider, method: str, cut: int, mode: str
+    server: LoopbackProvider, method: str, cut: int, drive: Drive
 ) -> None:
     server.enqueue(
         Scenario(text=DOCUMENT, chunk_size=3, fault=Fault.drop_after_events(cut)),
@@ -222,7 +199,7 @@ async def test_a_structured_answer_cut_mid_document_is_restarted_not_continued(
     structured = wrapped("openai", server).with_structured_output(
         Answer, method=method, include_raw=True
     )
-    result = await call(structured, mode, "weather in Paris as JSON")
+    result = await drive.invoke(structured, "weather in Paris as JSON")
     assert result["parsed"] == ANSWER
     assert result["parsing_error"] is None
     raw = result["raw"]
@@ -235,14 +212,14 @@ async def test_a_structured_answer_cut_mid_document_is_restarted_not_continued(
 
 
 async def test_a_streamed_json_mode_answer_reaches_the_caller_whole(
-    server: LoopbackProvider, mode: str
+    server: LoopbackProvider, drive: Drive
 ) -> None:
     server.enqueue(
         Scenario(text=DOCUMENT, chunk_size=3, fault=Fault.drop_after_events(9)),
         Scenario(text=DOCUMENT, chunk_size=3),
     )
     model = wrapped("openai", server).bind(response_format={"type": "json_object"})
-    chunks = await collect(model, mode, "weather in Paris as JSON")
+    chunks = await drive.stream(model, "weather in Paris as JSON")
     texts = [str(c.content) for c in chunks if c.content]
     assert texts == [DOCUMENT]
     assert json.loads(merged(chunks).content) == ANSWER.model_dump()
@@ -250,7 +227,7 @@ async def test_a_streamed_json_mode_answer_reaches_the_caller_whole(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_forced_tool_call_cut_mid_arguments_is_sent_again(
-    server: LoopbackProvider, provider: str, mode: str
+    server: LoopbackProvider, provider: str, drive: Drive
 ) -> None:
     answer = ScriptedToolCall("Answer", ANSWER.model_dump(), id="call_a")
     server.enqueue(
@@ -259,7 +236,7 @@ async def test_a_forced_tool_call_cut_mid_arguments_is_sent_again(
     )
     settings = {"method": "function_calling"} if provider == "openai" else {}
     structured = wrapped(provider, server).with_structured_output(Answer, **settings)
-    assert await call(structured, mode, "weather") == ANSWER
+    assert await drive.invoke(structured, "weather") == ANSWER
     assert len(server.requests) == 2
 
 
@@ -268,7 +245,7 @@ async def test_a_forced_tool_call_cut_mid_arguments_is_sent_again(
 
 @pytest.mark.parametrize("provider", PROVIDERS)
 async def test_a_cut_off_call_is_reported_alike_by_stream_and_invoke(
-    server: LoopbackProvider, provider: str, mode: str
+    server: LoopbackProvider, provider: str, drive: Drive
 ) -> None:
     # the events up to the second call's first argument fragment
     cut = {"openai": 17, "anthropic": 20}[provider]
@@ -283,8 +260,8 @@ async def test_a_cut_off_call_is_reported_alike_by_stream_and_invoke(
 
     server.enqueue(cut_in_second_call(), cut_in_second_call())
     model = wrapped(provider, server)
-    invoked = await call(model, mode, "weather and time")
-    streamed = merged(await collect(model, mode, "weather and time"))
+    invoked = await drive.invoke(model, "weather and time")
+    streamed = merged(await drive.stream(model, "weather and time"))
     assert (
         invoked.tool_calls
         == streamed.tool_calls
@@ -305,7 +282,7 @@ async def test_a_cut_off_call_is_reported_alike_by_stream_and_invoke(
     server.default = Scenario(text="Paris is mild; I could not get the time.")
     history = [HumanMessage("weather and time"), streamed]
     history.append(ToolMessage("21 C", tool_call_id="call_w"))
-    await call(model, mode, history)
+    await drive.invoke(model, history)
     sent = server.requests[-1].raw_body.decode()
     assert "[awaken" not in sent  # the guard never reaches a provider
     assert "cut off" in sent  # the call is answered as not executed
@@ -314,23 +291,25 @@ async def test_a_cut_off_call_is_reported_alike_by_stream_and_invoke(
 # -- the callback handler -------------------------------------------------------------------
 
 
-async def test_the_handler_keeps_the_checkpoint_of_a_turn_that_ended_without_a_finish() -> None:
+async def test_the_handler_keeps_the_checkpoint_of_a_turn_that_ended_without_a_finish(
+    drive: Drive,
+) -> None:
     store = InMemoryStreamCheckpointStore()
     handler = StreamCheckpointHandler(store, checkpoint_every_chunks=100)
     model = ScriptedChatModel(scripts=[text("The answer was cut")])
     run_id = uuid.uuid4()
-    list(model.stream("q", config={"callbacks": [handler], "run_id": run_id}))
+    await drive.stream(model, "q", config={"callbacks": [handler], "run_id": run_id})
     saved = store.get(str(run_id))
     assert saved is not None
     assert saved.partial_text == "The answer was cut"
 
 
-async def test_the_handler_deletes_the_checkpoint_of_a_finished_turn() -> None:
+async def test_the_handler_deletes_the_checkpoint_of_a_finished_turn(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     handler = StreamCheckpointHandler(store, checkpoint_every_chunks=1)
     model = ScriptedChatModel(scripts=[[*text("Done."), finish()]])
     run_id = uuid.uuid4()
-    list(model.stream("q", config={"callbacks": [handler], "run_id": run_id}))
+    await drive.stream(model, "q", config={"callbacks": [handler], "run_id": run_id})
     assert store.get(str(run_id)) is None
 
 
@@ -346,7 +325,7 @@ class Events(BaseCallbackHandler):
 
 
 async def test_generate_keys_the_checkpoint_by_the_callers_run_id_and_reports_events(
-    mode: str,
+    drive: Drive,
 ) -> None:
     inner = ScriptedChatModel(scripts=[[*text("Half an "), reset()], [*text("answer."), finish()]])
     store = InMemoryStreamCheckpointStore()
@@ -354,10 +333,7 @@ async def test_generate_keys_the_checkpoint_by_the_callers_run_id_and_reports_ev
     events = Events()
     run_id = uuid.uuid4()
     messages = [[HumanMessage("q")]]
-    if mode == "sync":
-        result = model.generate(messages, callbacks=[events], run_id=run_id)
-    else:
-        result = await model.agenerate(messages, callbacks=[events], run_id=run_id)
+    result = await drive.generate(model, messages, callbacks=[events], run_id=run_id)
     message = result.generations[0][0].message
     assert message.content == "Half an answer."
     assert message.response_metadata["awaken"]["checkpoint_key"] == str(run_id)
@@ -376,25 +352,25 @@ class RefusesCompleteRecords(InMemoryStreamCheckpointStore):
         super().put(checkpoint)
 
 
-async def test_checkpoint_complete_is_false_when_the_closing_write_failed(mode: str) -> None:
+async def test_checkpoint_complete_is_false_when_the_closing_write_failed(drive: Drive) -> None:
     inner = ScriptedChatModel(scripts=[[*text("All of it."), finish()]])
     store = RefusesCompleteRecords()
     model = RecoveringChatModel(
         model=inner, store=store, retry_policy=NO_WAIT, keep_until_committed=True
     )
     with pytest.warns(StreamCheckpointWarning, match="disk full"):
-        answer = await call(model, mode)
+        answer = await drive.invoke(model, "q")
     assert answer.content == "All of it."
     assert answer.response_metadata["awaken"]["checkpoint_complete"] is False
 
 
-async def test_checkpoint_complete_is_true_when_the_closing_write_succeeded(mode: str) -> None:
+async def test_checkpoint_complete_is_true_when_the_closing_write_succeeded(drive: Drive) -> None:
     inner = ScriptedChatModel(scripts=[[*text("All of it."), finish()]])
     store = InMemoryStreamCheckpointStore()
     model = RecoveringChatModel(
         model=inner, store=store, retry_policy=NO_WAIT, keep_until_committed=True
     )
-    answer = await call(model, mode)
+    answer = await drive.invoke(model, "q")
     assert answer.response_metadata["awaken"]["checkpoint_complete"] is True
     kept = store.get(answer.response_metadata["awaken"]["checkpoint_key"])
     assert kept is not None
@@ -431,7 +407,7 @@ async def test_async_turns_report_warnings_on_the_callers_event_loop() -> None:
 # -- a checkpoint belongs to its request ---------------------------------------------------------
 
 
-async def test_a_checkpoint_of_another_request_is_never_resumed(mode: str) -> None:
+async def test_a_checkpoint_of_another_request_is_never_resumed(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     store.put(
@@ -445,13 +421,13 @@ async def test_a_checkpoint_of_another_request_is_never_resumed(mode: str) -> No
     inner = ScriptedChatModel(scripts=[[*text("Fresh."), finish()]])
     model = RecoveringChatModel(model=inner, store=store, retry_policy=NO_WAIT)
     events = Events()
-    answer = await call(model, mode, "q", {"run_id": run_id, "callbacks": [events]})
+    answer = await drive.invoke(model, "q", {"run_id": run_id, "callbacks": [events]})
     assert answer.content == "Fresh."
     assert [name for name, _ in events.seen] == ["awaken_checkpoint_ignored"]
     assert inner.calls[0].messages[-1].content == "q"  # not a continuation
 
 
-async def test_a_checkpoint_of_the_same_request_is_resumed(mode: str) -> None:
+async def test_a_checkpoint_of_the_same_request_is_resumed(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     first = ScriptedChatModel(scripts=[[*text("The first half "), reset()]])
@@ -459,15 +435,15 @@ async def test_a_checkpoint_of_the_same_request_is_resumed(mode: str) -> None:
         model=first, store=store, retry_policy=RetryPolicy(max_continuations=0)
     )
     with pytest.raises(Exception, match="could not be recovered"):
-        await call(breaking, mode, "q", {"run_id": run_id})
+        await drive.invoke(breaking, "q", {"run_id": run_id})
     inner = ScriptedChatModel(scripts=[[*text("and the rest."), finish()]])
     model = RecoveringChatModel(model=inner, store=store, retry_policy=NO_WAIT)
-    answer = await call(model, mode, "q", {"run_id": run_id})
+    answer = await drive.invoke(model, "q", {"run_id": run_id})
     assert answer.content == "The first half and the rest."
     assert inner.calls[0].messages[-1].content == DEFAULT_CONTINUATION_PROMPT
 
 
-async def test_a_cut_off_call_streams_its_unrepairable_arguments_as_written(mode: str) -> None:
+async def test_a_cut_off_call_streams_its_unrepairable_arguments_as_written(drive: Drive) -> None:
     inner = ScriptedChatModel(
         scripts=[
             [
@@ -477,7 +453,7 @@ async def test_a_cut_off_call_streams_its_unrepairable_arguments_as_written(mode
             ]
         ]
     )
-    chunks = await collect(RecoveringChatModel(model=inner, retry_policy=NO_WAIT), mode)
+    chunks = await drive.stream(RecoveringChatModel(model=inner, retry_policy=NO_WAIT), "q")
     final = merged(chunks)
     assert [c["id"] for c in final.tool_calls] == ["c1"]
     (bad,) = final.invalid_tool_calls
