@@ -352,10 +352,8 @@ class Question(TypedDict, total=False):
     answer: str
 
 
-def test_kept_checkpoints_of_a_graph_that_never_stores_messages_end_after_keep_max_age(
-    server: LoopbackProvider, local_store: StreamCheckpointStore, clock: FakeClock
-) -> None:
-    model = chat(server, local_store, keep_max_age=60)
+def answer_graph(model: RecoveringChatModel) -> Any:
+    """A graph whose node keeps the model's answer as a string, never as a message."""
 
     def answer(state: Question) -> Question:
         return {"answer": model.invoke(state["question"]).text}
@@ -364,15 +362,21 @@ def test_kept_checkpoints_of_a_graph_that_never_stores_messages_end_after_keep_m
     graph.add_node("answer", answer)
     graph.add_edge(START, "answer")
     graph.add_edge("answer", END)
-    app = graph.compile(checkpointer=InMemorySaver())
+    return graph.compile(checkpointer=InMemorySaver())
+
+
+def test_kept_checkpoints_of_a_graph_that_never_stores_messages_end_after_keep_max_age(
+    server: LoopbackProvider, local_store: StreamCheckpointStore, clock: FakeClock
+) -> None:
+    app = answer_graph(chat(server, local_store))  # keep_max_age: the default hour
     for n in range(5):
         result = app.invoke({"question": f"Question {n}?"}, thread())
         assert result["answer"] == f"{ECHO}Question {n}?"
 
     left = kept(local_store)
     assert len(left) == 5
-    assert all(c.complete and c.keep_for == 60 for c in left.values())
-    clock.advance(59)
+    assert all(c.complete for c in left.values())
+    clock.advance(3599)
     assert all(local_store.get(key) is not None for key in left)
 
     clock.advance(2)
@@ -380,8 +384,23 @@ def test_kept_checkpoints_of_a_graph_that_never_stores_messages_end_after_keep_m
     assert local_store.list_run_ids() == []
     assert local_store.gc() == 5
     assert local_store.gc() == 0
-    clock.now -= 61  # back to when they were written: nothing is left to find
+    clock.now -= 3601  # back to when they were written: nothing is left to find
     assert local_store.list_run_ids() == []
+
+
+def test_keep_max_age_sets_how_long_a_kept_checkpoint_outlives_its_turn(
+    server: LoopbackProvider, clock: FakeClock
+) -> None:
+    store = InMemoryStreamCheckpointStore(clock=clock)
+    result = answer_graph(chat(server, store, keep_max_age=60)).invoke(
+        {"question": "Short-lived?"}, thread()
+    )
+    [key] = kept(store)
+    assert store.get(key) is not None
+    clock.advance(61)
+    assert store.get(key) is None
+    assert store.gc() == 1
+    assert result["answer"] == ECHO + "Short-lived?"
 
 
 async def test_the_threads_next_model_call_releases_the_kept_checkpoint_memory_committed(
