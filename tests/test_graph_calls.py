@@ -506,3 +506,36 @@ def test_a_node_killed_during_its_third_call_resumes_each_call_from_its_own_chec
     ]
     stored = sorted(c.partial_text for c in world.checkpoints())
     assert stored == sorted(UNCUT)  # kept complete, until keep_max_age ends them
+
+
+async def test_a_node_that_feeds_one_answer_into_its_next_call_keeps_both_until_it_returns(
+    server: LoopbackProvider, use_async: bool
+) -> None:
+    server.enqueue(Scenario(text="A first draft."), Scenario(text="A better draft."))
+    store = InMemoryStreamCheckpointStore()
+    model = chat(server, store)
+    ask, improve = HumanMessage("Draft a slogan."), HumanMessage("Improve it.")
+    crash = [False, True]  # popped from the end: crash on the first run only
+
+    def calls(config: RunnableConfig) -> list[str]:
+        draft = model.invoke([ask])
+        better = model.invoke([ask, draft, improve])
+        if crash.pop():
+            raise Crash("killed after both calls answered, before the node returned")
+        return [draft.text, better.text]
+
+    async def acalls(config: RunnableConfig) -> list[str]:
+        draft = await model.ainvoke([ask])
+        better = await model.ainvoke([ask, draft, improve])
+        if crash.pop():
+            raise Crash("killed after both calls answered, before the node returned")
+        return [draft.text, better.text]
+
+    app = one_node_graph(run_node(use_async, calls, acalls))
+    with pytest.raises(Crash):
+        await invoke(app, use_async, {"answers": []}, thread())
+    assert len(kept(store)) == 2  # the draft is not committed: its node never returned
+    result = await invoke(app, use_async, None, thread())
+
+    assert result["answers"] == ["A first draft.", "A better draft."]
+    assert questions(server) == ["Draft a slogan.", "Improve it."]
