@@ -182,6 +182,32 @@ async def test_a_node_asking_three_questions_gets_three_answers_from_three_reque
     assert len({key.rsplit(":", 1)[0] for key in checkpoints}) == 1  # one thread and task
 
 
+async def test_three_streamed_calls_in_a_node_stream_three_answers(
+    server: LoopbackProvider, use_async: bool
+) -> None:
+    store = InMemoryStreamCheckpointStore()
+    model = chat(server, store)
+
+    def calls(config: RunnableConfig) -> list[str]:
+        return ["".join(c.text for c in model.stream(q)) for q in QUESTIONS]
+
+    async def acalls(config: RunnableConfig) -> list[str]:
+        return ["".join([c.text async for c in model.astream(q)]) for q in QUESTIONS]
+
+    app = one_node_graph(run_node(use_async, calls, acalls))
+    streamed: dict[str, str] = {}
+    if use_async:
+        parts = [p async for p in app.astream({"answers": []}, thread(), stream_mode="messages")]
+    else:
+        parts = list(app.stream({"answers": []}, thread(), stream_mode="messages"))
+    for chunk, _metadata in parts:
+        streamed[str(chunk.id)] = streamed.get(str(chunk.id), "") + chunk.text
+
+    assert list(streamed.values()) == [ECHO + q for q in QUESTIONS]  # each token once
+    assert questions(server) == list(QUESTIONS)
+    assert len(kept(store)) == 3
+
+
 @pytest.mark.parametrize("max_concurrency", [1, 3])
 async def test_batch_in_a_node_answers_each_input_without_fencing(
     server: LoopbackProvider, use_async: bool, max_concurrency: int
