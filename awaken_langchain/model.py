@@ -455,6 +455,9 @@ class RecoveringChatModel(BaseChatModel):
             key = call_key(ctx.base, fingerprint, occurrence)
         else:
             key = str(ctx.run_id)
+        release = last_kept_checkpoint_key(messages)
+        if release is not None and ctx.base is not None and release.startswith(f"{ctx.base}:"):
+            release = None  # an earlier call of this task: memory commits it when the task ends
         keep = self.keep_until_committed
         request = TurnRequest(
             run_id=ctx.run_id,
@@ -466,7 +469,7 @@ class RecoveringChatModel(BaseChatModel):
             kwargs=self._usage_kwargs(kwargs) if whole else kwargs,
             keep=ctx.in_graph_memory if keep is None else keep,
             one_document=one_document_request(kwargs, settings),
-            release_key=last_kept_checkpoint_key(messages),
+            release_key=release,
         )
         turn = TurnSettings(
             policy=self.retry_policy,
