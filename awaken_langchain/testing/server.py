@@ -67,6 +67,7 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+from awaken_langchain.seam import is_word_start
 from awaken_langchain.testing._scenarios import (
     Fault,
     FaultKind,
@@ -188,38 +189,47 @@ def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Respon
     return respond
 
 
-def continuation_responder(answer: Scenario, *, overlap: int = 0) -> Responder:
+def continuation_responder(answer: Scenario, *, overlap_words: int = 0) -> Responder:
     """A responder that behaves like a model asked to continue an interrupted answer.
 
     Every request is answered with ``answer``, except a continuation: when the
     last assistant message in the request is a non-empty beginning of
     ``answer``'s text (a saved prefix, sent without trailing whitespace), only
-    the rest of the text is sent. Set ``overlap`` to repeat that many characters
-    of the prefix first, as real models often do at the seam. Combine it with
+    the rest of the text is sent, starting with the whitespace the prefix lost.
+    Set ``overlap_words`` to restart instead at the start of the prefix's last
+    that many words (a cut-off word counts as one; in CJK text a word is a
+    character), as real models often do at the seam. Combine it with
     :func:`periodic_fault` for an offline demo in which interrupted streams
     are continued and still add up to ``answer``.
 
     Args:
         answer: The complete answer: its text is what continuations continue;
             its other fields (tool calls, chunking, pacing...) are kept.
-        overlap: Characters of the prefix to repeat at the start of a
-            continuation.
+        overlap_words: Words of the prefix to repeat at the start of a
+            continuation (all of them when the prefix has fewer).
 
     Returns:
         A responder usable as ``LoopbackProvider(default=...)``.
     """
-    if overlap < 0:
-        raise ValueError(f"continuation_responder needs overlap >= 0, got {overlap}")
+    if overlap_words < 0:
+        raise ValueError(f"continuation_responder needs overlap_words >= 0, got {overlap_words}")
     full = answer.full_text
 
     def respond(request: RecordedRequest) -> Scenario:
         prefix = _last_assistant_text(request.messages)
         if prefix and full.startswith(prefix) and len(prefix) < len(full):
-            start = max(0, len(prefix) - overlap)
-            return dataclasses.replace(answer, text=full[start:])
+            return dataclasses.replace(answer, text=full[_restart(prefix, overlap_words) :])
         return answer
 
     return respond
+
+
+def _restart(prefix: str, overlap_words: int) -> int:
+    """Where a continuation that repeats the prefix's last ``overlap_words`` words starts."""
+    if overlap_words == 0:
+        return len(prefix)
+    starts = [i for i in range(len(prefix)) if is_word_start(prefix, i)]
+    return starts[-overlap_words] if overlap_words <= len(starts) else 0
 
 
 def periodic_fault(base: Scenario | Responder, fault: Fault, *, every: int) -> Responder:
@@ -990,7 +1000,7 @@ _CLI_FAULTS: dict[str, Callable[[argparse.Namespace], Fault]] = {
 def _cli_default(args: argparse.Namespace) -> Scenario | Responder:
     base: Scenario | Responder = continuation_responder(
         Scenario(text=args.text, chunk_size=args.chunk_size, delay=args.delay),
-        overlap=args.overlap,
+        overlap_words=args.overlap_words,
     )
     if args.echo:
         echo = echo_responder(chunk_size=args.chunk_size)
@@ -1028,7 +1038,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the answer to every request; a continuation request gets the rest of it",
     )
     parser.add_argument(
-        "--overlap", type=int, default=0, help="characters a continuation repeats at the seam"
+        "--overlap-words", type=int, default=0, help="words a continuation repeats at the seam"
     )
     parser.add_argument("--echo", action="store_true", help="answer with the last user message")
     parser.add_argument("--chunk-size", type=int, default=4, help="characters per delta")
@@ -1044,8 +1054,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fault_every < 1 or args.chunk_size < 1:
         parser.error("--fault-every and --chunk-size must be >= 1")
-    if args.fault_after_events < 0 or args.overlap < 0:
-        parser.error("--fault-after-events and --overlap must be >= 0")
+    if args.fault_after_events < 0 or args.overlap_words < 0:
+        parser.error("--fault-after-events and --overlap-words must be >= 0")
 
     done = threading.Event()
 
