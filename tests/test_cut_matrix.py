@@ -72,8 +72,8 @@ TIME = ScriptedToolCall("get_time", {"zone": "Europe/Paris"}, id="call_t2")
 
 STREAMS: dict[str, Scenario] = {
     "prose": Scenario(text=PROSE, chunk_size=9),
-    # 3-character pieces: cuts land at every offset inside the 2- to 6-space indentation
-    "indented-json": Scenario(text=INDENTED_JSON, chunk_size=3),
+    # 4-character pieces: cuts land before, inside (1, 2, 3 or 5 spaces in) and after indentation
+    "indented-json": Scenario(text=INDENTED_JSON, chunk_size=4),
     "markdown": Scenario(text=MARKDOWN, chunk_size=5),
     "text+tool": Scenario(text="Let me check the weather.", tool_calls=[WEATHER], chunk_size=8),
     "text+2-tools": Scenario(text="Checking both.", tool_calls=[WEATHER, TIME], chunk_size=10),
@@ -282,9 +282,18 @@ async def _no_async_sleep(seconds: float) -> None:
     pass
 
 
+_WRAPPERS: dict[tuple[Provider, int], RecoveringChatModel] = {}
+
+
 def wrapper(provider: Provider, server: LoopbackProvider) -> RecoveringChatModel:
-    policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
-    return RecoveringChatModel(model=inner_model(provider, server), retry_policy=policy)
+    """The recovering model around the real client; it keeps no state between turns."""
+    key = (provider, server.port)
+    if key not in _WRAPPERS:
+        policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
+        _WRAPPERS[key] = RecoveringChatModel(
+            model=inner_model(provider, server), retry_policy=policy
+        )
+    return _WRAPPERS[key]
 
 
 def merged(chunks: list[AIMessageChunk]) -> AIMessage:
@@ -345,13 +354,20 @@ def check(
     reference = uncut(name, provider, server)
     got = arrived(frames_for(STREAMS[name], provider, server.requests[0]), provider, cut.event)
     plans = expected_plans(got)
-    assert message.response_metadata["awaken"]["plans"] == plans
+    awaken = message.response_metadata["awaken"]
+    assert awaken["plans"] == plans
+    assert len(server.requests) == (2 if plans in (["R1"], ["R3"], ["R4"]) else 1)
+    if plans in (["R1"], ["R3"]):
+        assert _last_text(server.requests[1].messages, "user") == DEFAULT_CONTINUATION_PROMPT
     assert text_of(message) == text_of(reference)
     if plans == ["R2"]:
         cut_off = reference.tool_calls[got.calls - 1]
         assert calls_of(message) == calls_of(reference)[: got.calls - 1]
         assert [c["id"] for c in message.invalid_tool_calls] == [cut_off["id"]]
         assert cut_off["id"] not in [c["id"] for c in message.tool_calls]
+        assert [(c["id"], c["interrupted"]) for c in awaken["not_executed"]] == [
+            (cut_off["id"], True)
+        ]
     else:
         assert calls_of(message) == calls_of(reference)
         assert message.invalid_tool_calls == []
