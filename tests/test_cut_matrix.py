@@ -11,6 +11,10 @@ Anthropic wire format, read by the real ``ChatOpenAI`` and ``ChatAnthropic``
 - by a clean end of the body before the terminal event
   (``Fault.no_terminal_event(after_events=n)`` for every ``n``).
 
+Every event-boundary cut runs in all four modes (``stream``, ``astream``,
+``invoke``, ``ainvoke``); each byte and clean-end cut runs in one of them, in
+turn, so every mode meets every kind of cut and the matrix stays fast.
+
 The provider then continues exactly: a continuation request is answered with
 the rest of the text after the prefix it carries, and the scripted tool calls.
 For every cut, the final message (chunks merged with ``+``, and the ``invoke``
@@ -352,7 +356,10 @@ def check(
 ) -> None:
     """The recovered answer equals the uncut one, except the cut-off call of plan R2."""
     reference = uncut(name, provider, server)
-    got = arrived(frames_for(STREAMS[name], provider, server.requests[0]), provider, cut.event)
+    frames = frames_for(STREAMS[name], provider, server.requests[0])
+    # the stream has as many events as the cuts were drawn from: every boundary is covered
+    assert len(frames) == len(frames_for(STREAMS[name], provider, None))
+    got = arrived(frames, provider, cut.event)
     plans = expected_plans(got)
     awaken = message.response_metadata["awaken"]
     assert awaken["plans"] == plans
