@@ -95,7 +95,8 @@ def frames_for(
     scenario: Scenario, provider: Provider, request: RecordedRequest | None
 ) -> list[Frame]:
     """The frames the server sends for ``scenario``: for ``request``, or for a typical one."""
-    body: Any = request.body if request is not None else {"messages": []}
+    typical = {"messages": [], "stream_options": {"include_usage": True}}
+    body: Any = request.body if request is not None else typical
     ctx = ResponseContext(
         number=request.number if request is not None else 1,
         model=MODELS[provider],
@@ -263,8 +264,14 @@ def inner_model(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
         if provider == "openai":
             from langchain_openai import ChatOpenAI
 
+            # usage streamed on every request, so each call's stream has the events
+            # the cuts were drawn from (``include_usage`` adds one)
             _INNER[key] = ChatOpenAI(
-                model=MODELS[provider], base_url=server.base_url_openai, api_key="x", max_retries=0
+                model=MODELS[provider],
+                base_url=server.base_url_openai,
+                api_key="x",
+                max_retries=0,
+                stream_usage=True,
             )
         else:
             from langchain_anthropic import ChatAnthropic
