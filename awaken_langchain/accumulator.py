@@ -483,9 +483,10 @@ class TurnAccumulator:
     def _merge_metadata(self, metadata: dict[str, Any] | None) -> None:
         if not metadata:
             return
-        for key, value in metadata.items():
-            if value is not None and key != "awaken":
-                self.response_metadata[key] = value
+        merged = self.response_metadata
+        for key, value in metadata.items():  # as chunk addition merges them
+            if key != "awaken" and (value is not None or key not in merged):
+                merged[key] = value
 
     def _has_terminal(self) -> bool:
         metadata = self.response_metadata

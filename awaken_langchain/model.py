@@ -10,6 +10,8 @@ sleep or await, as the engine's steps say.
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -96,6 +98,21 @@ def _take_call_context(
             thread_id=str(thread) if thread is not None else None,
         )
     return _CallContext(run_id=uuid.uuid4())
+
+
+@functools.cache
+def _streams_usage_on_request(cls: type[BaseChatModel]) -> bool:
+    """Whether ``cls._stream`` takes ``stream_usage`` (ChatOpenAI, ChatAnthropic do)."""
+    for klass in cls.__mro__:  # a subclass may pass ``*args, **kwargs`` on to its base
+        method = klass.__dict__.get("_stream")
+        if method is None:
+            continue
+        try:
+            if "stream_usage" in inspect.signature(method).parameters:
+                return True
+        except (TypeError, ValueError):
+            return False
+    return False
 
 
 def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGenerationChunk:
@@ -374,7 +391,15 @@ class RecoveringChatModel(BaseChatModel):
         stop: list[str] | None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
+        *,
+        whole: bool = False,
     ) -> tuple[TurnEngine, Reporter]:
+        """Build the turn's engine and reporter.
+
+        ``whole`` marks a call answered as one message (``invoke``): the bare
+        model would not stream it and would report its usage, so the inner model
+        is asked to stream its usage too, when it can.
+        """
         ctx = _take_call_context(run_manager)
         model_id = self._model_id()
         settings = model_settings(self.model)
@@ -396,7 +421,7 @@ class RecoveringChatModel(BaseChatModel):
             messages=messages,
             fingerprint=fingerprint,
             stop=stop,
-            kwargs=kwargs,
+            kwargs=self._usage_kwargs(kwargs) if whole else kwargs,
             keep=ctx.in_graph_memory if keep is None else keep,
             one_document=one_document_request(kwargs, settings),
             release_key=last_kept_checkpoint_key(messages),
@@ -413,6 +438,12 @@ class RecoveringChatModel(BaseChatModel):
         )
         reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
         return TurnEngine(turn, request), reporter
+
+    def _usage_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` asking the inner model to stream usage, when it has the setting."""
+        if "stream_usage" in kwargs or not _streams_usage_on_request(type(self.model)):
+            return kwargs
+        return {**kwargs, "stream_usage": True}
 
     def _callback_settings(self, ctx: _CallContext) -> tuple[Any, ...] | None:
         """Arguments of ``CallbackManager.configure`` for the call's recovery events."""
@@ -448,7 +479,7 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine, reporter = self._begin(messages, stop, run_manager, kwargs)
+        engine, reporter = self._begin(messages, stop, run_manager, kwargs, whole=True)
         for _ in self._run(engine, reporter):
             pass
         return ChatResult(generations=[ChatGeneration(message=engine.message())])
@@ -556,7 +587,7 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine, reporter = self._begin(messages, stop, run_manager, kwargs)
+        engine, reporter = self._begin(messages, stop, run_manager, kwargs, whole=True)
         async for _ in self._arun(engine, reporter):
             pass
         return ChatResult(generations=[ChatGeneration(message=engine.message())])
