@@ -27,6 +27,7 @@ that atomic step.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import threading
@@ -86,6 +87,58 @@ def decode_text(data: bytes, *, run_id: str) -> str:
 def run_id_bytes(run_id: str) -> bytes:
     """Encode a run id as bytes for keys and hashing (lone surrogates kept)."""
     return run_id.encode(TEXT_ENCODING, TEXT_ERRORS)
+
+
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+"""``open`` flag that refuses a symbolic link as the last path component (0 on Windows)."""
+
+
+def linked_path_error(path: str | os.PathLike[str]) -> StreamCheckpointError:
+    """Build the error for a symbolic link where a store expects its own file or directory."""
+    return StreamCheckpointError(
+        f"{os.fspath(path)} is a symbolic link; checkpoint stores never follow links, "
+        "which could redirect their writes and permission changes elsewhere. Remove the "
+        "link, or give the store the real directory (Path(...).resolve())"
+    )
+
+
+def open_no_follow(path: str | os.PathLike[str], flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that refuses a symbolic link as the last component of ``path``.
+
+    Raises:
+        StreamCheckpointError: If ``path`` is a symbolic link.
+        OSError: On any other failure to open it.
+    """
+    try:
+        return os.open(path, flags | NO_FOLLOW, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise linked_path_error(path) from exc
+        raise
+
+
+def make_private_directory(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` (and its parents) if missing and make it private (0700).
+
+    The last component is never followed when it is a symbolic link: the mode
+    is set through a descriptor opened with ``O_NOFOLLOW``, so a link swapped
+    in after the check cannot redirect the ``chmod`` either.
+
+    Raises:
+        StreamCheckpointError: If ``path`` is a symbolic link.
+        OSError: If it cannot be created or is not a directory.
+    """
+    if os.path.islink(path):
+        raise linked_path_error(path)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if not hasattr(os, "fchmod"):  # pragma: no cover - Windows
+        os.chmod(path, 0o700)
+        return
+    fd = open_no_follow(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def corrupted(run_id: str, what: str) -> StreamCheckpointError:
@@ -576,7 +629,10 @@ __all__ = [
     "decode_head",
     "decode_text",
     "encode_text",
+    "linked_path_error",
+    "make_private_directory",
     "new_write_id",
+    "open_no_follow",
     "plan_append",
     "run_id_bytes",
 ]

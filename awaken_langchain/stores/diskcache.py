@@ -20,6 +20,8 @@ from awaken_langchain.stores._base import (
     check_epoch,
     corrupted,
     decode_head,
+    make_private_directory,
+    open_no_follow,
     plan_append,
     run_id_bytes,
 )
@@ -101,13 +103,15 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         self.directory = Path(directory)
         self.timeout = timeout
         with self._backend_errors("open", None):
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.directory, 0o700)
+            make_private_directory(self.directory)
             # SQLite gives its -wal and -shm files the database file's mode, so the
             # database is created private before SQLite first opens it.
-            db = self.directory / diskcache.core.DBNAME
-            os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
-            os.chmod(db, 0o600)
+            fd = open_no_follow(self.directory / diskcache.core.DBNAME, os.O_WRONLY | os.O_CREAT)
+            try:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
             self._cache = diskcache.Cache(
                 str(self.directory),
                 timeout=timeout,

@@ -26,7 +26,9 @@ from awaken_langchain.stores._base import (
     check_epoch,
     corrupted,
     decode_head,
+    make_private_directory,
     new_write_id,
+    open_no_follow,
     run_id_bytes,
 )
 
@@ -145,13 +147,12 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         self._lock_pid = 0
         self._cursors: OrderedDict[str, _Cursor] = OrderedDict()
         with self._backend_errors("open", None):
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.directory, 0o700)
+            make_private_directory(self.directory)
             self._open_lock()
 
     def _open_lock(self) -> None:
         # flock() excludes open file descriptions, so a forked child opens its own.
-        self._lock_fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_fd = open_no_follow(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT)
         self._lock_pid = os.getpid()
 
     def close(self) -> None:
@@ -194,7 +195,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     def _sync_directory(self) -> None:
         if self._fsync and sys.platform != "win32":
-            fd = os.open(self.directory, os.O_RDONLY)
+            fd = open_no_follow(self.directory, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
@@ -232,11 +233,18 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     @staticmethod
     def _read(path: Path) -> bytes | None:
+        """Read a file of the store, or ``None`` if it is missing; links are refused."""
+        found = FileStreamCheckpointStore._read_with_inode(path)
+        return None if found is None else found[0]
+
+    @staticmethod
+    def _read_with_inode(path: Path) -> tuple[bytes, int] | None:
         try:
-            with open(path, "rb") as handle:
-                return handle.read()
+            fd = open_no_follow(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
+        with open(fd, "rb") as handle:
+            return handle.read(), os.fstat(fd).st_ino
 
     def _epoch(self, run_id: str) -> int:
         raw = self._read(self._path(run_id, _EPOCH_SUFFIX))
@@ -260,12 +268,10 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     def _log(self, run_id: str) -> tuple[_Log, int] | None:
         """Read and parse the run's log; return it with the file's inode."""
-        try:
-            with open(self._path(run_id, _LOG_SUFFIX), "rb") as handle:
-                inode = os.fstat(handle.fileno()).st_ino
-                data = handle.read()
-        except FileNotFoundError:
+        found = self._read_with_inode(self._path(run_id, _LOG_SUFFIX))
+        if found is None:
             return None
+        data, inode = found
         return _Log(data, run_id=run_id), inode
 
     # -- primitives -------------------------------------------------------------
@@ -301,9 +307,9 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             if cursor.end + len(frame) > 2 * (head.text_bytes + len(head.encode())) + COMPACT_SLACK:
                 return None  # compact: the caller rewrites the log as one frame
             try:
-                fd = os.open(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
-            except FileNotFoundError:
-                return None
+                fd = open_no_follow(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
+            except (FileNotFoundError, StreamCheckpointError):
+                return None  # gone, or a link planted in its place: the rewrite replaces it
             try:
                 stat = os.fstat(fd)
                 if stat.st_ino != cursor.inode or stat.st_size != cursor.end:
@@ -368,8 +374,8 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         found = []
         with self._locked():
             for entry in os.scandir(self.directory):
-                if not entry.name.endswith(_LOG_SUFFIX):
-                    continue
+                if not entry.name.endswith(_LOG_SUFFIX) or entry.is_symlink():
+                    continue  # not a log of this store
                 data = self._read(Path(entry.path))
                 if data is None:
                     continue
