@@ -9,6 +9,7 @@ between several processes racing on the same runs.
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import json
 import os
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+import weakref
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -508,6 +510,74 @@ async def test_async_with_closes_the_event_loops_connections(
             break
         await asyncio.sleep(0.01)
     assert connections() == 0
+
+
+def _connections_named(raw: redis.Redis, name: str) -> int:
+    """How many connections the server has open for clients named ``name``."""
+    for _ in range(500):  # the server notices a closed socket on its next loop turn
+        count = sum(client["name"] == name for client in raw.client_list())
+        if count <= 1:
+            return count
+        time.sleep(0.01)
+    return count
+
+
+def test_event_loops_that_end_leave_no_connections_and_no_loops_behind(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    name = unique_prefix()
+    store = RedisStreamCheckpointStore.from_url(redis_server.url, prefix=name, client_name=name)
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one_turn(n: int) -> None:  # never calls aclose: asyncio.run ends the loop
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        epoch = await store.aclaim(f"run-{n}")
+        await store.aput(checkpoint(f"run-{n}", f"turn {n}", epoch=epoch))
+        await store.aput(checkpoint(f"run-{n}", f"turn {n} and more", epoch=epoch))
+        assert _connections_named(raw, name) == 1
+
+    for n in range(60):
+        asyncio.run(one_turn(n))
+    gc.collect()
+    assert _connections_named(raw, name) == 0
+    assert store._loop_clients == {}
+    assert [ref for ref in loops if ref() is not None] == []
+    assert store.get("run-59") is not None
+    store.close()
+
+
+def test_turns_of_a_wrapped_model_on_many_event_loops_leave_no_connections(
+    redis_server: RedisServer, raw: redis.Redis
+) -> None:
+    from awaken_langchain.model import RecoveringChatModel
+    from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
+
+    name = unique_prefix()
+    store = RedisStreamCheckpointStore.from_url(redis_server.url, prefix=name, client_name=name)
+    turns = 60
+    inner = ScriptedChatModel(
+        scripts=[[*text(f"Answer number {n}, in a few tokens."), finish()] for n in range(turns)]
+    )
+    model = RecoveringChatModel(model=inner, store=store)
+    for n in range(turns):
+        answer = asyncio.run(model.ainvoke(f"question {n}"))
+        assert answer.content == f"Answer number {n}, in a few tokens."
+    gc.collect()
+    assert _connections_named(raw, name) == 0
+    assert store._loop_clients == {}
+    store.close()
+
+
+def test_clients_of_loops_closed_without_shutdown_are_dropped(redis_server: RedisServer) -> None:
+    store = RedisStreamCheckpointStore.from_url(redis_server.url, prefix=unique_prefix())
+    for n in range(5):
+        loop = asyncio.new_event_loop()  # closed without shutdown_asyncgens()
+        loop.run_until_complete(store.aput(checkpoint("run-1", f"loop {n}")))
+        loop.close()
+    assert len(store._loop_clients) == 1  # only the last loop's, until the next loop comes
+    asyncio.run(store.aput(checkpoint("run-1", "loop 5")))
+    assert store._loop_clients == {}
+    store.close()
 
 
 def test_importing_the_package_does_not_need_redis_and_the_store_names_the_extra() -> None:

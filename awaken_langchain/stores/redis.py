@@ -24,8 +24,7 @@ import asyncio
 import contextlib
 import math
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -134,6 +133,8 @@ class _Client:
     put: Any
     load: Any
     delete: Any
+    guard: AsyncGenerator[None, None] | None = None
+    """For a client the store created: what closes it when its event loop shuts down."""
 
     @classmethod
     def wrap(cls, client: Any) -> _Client:
@@ -179,9 +180,10 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     Give either a ``url`` (the store creates, owns and closes its clients; the
     async methods get one ``redis.asyncio`` client per event loop) or ready
     clients (borrowed: the store never closes them). With only a sync
-    ``client``, the async methods run it in a worker thread. Async code should
-    use ``async with`` (or ``await store.aclose()``) before its event loop ends,
-    as with any ``redis.asyncio`` client, so that loop's connections are closed.
+    ``client``, the async methods run it in a worker thread. An event loop's
+    async client is closed when the loop shuts down (``asyncio.run`` does that
+    on return), or earlier by ``async with`` / ``await store.aclose()``; a store
+    used from many short-lived loops holds no connection of a loop that ended.
 
     Example:
         ```python
@@ -304,9 +306,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         self._sync = _Client.wrap(client) if client is not None else None
         self._borrowed_async = _Client.wrap(async_client) if async_client is not None else None
-        self._loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Client] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._loop_clients: dict[asyncio.AbstractEventLoop, _Client] = {}
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisStreamCheckpointStore:
@@ -344,8 +344,17 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         return self._sync
 
-    def _async_client(self) -> _Client | None:
-        """Return the asyncio client for the running loop, or ``None`` to use threads."""
+    async def _async_client(self) -> _Client | None:
+        """Return the asyncio client for the running loop, or ``None`` to use threads.
+
+        A client the store creates belongs to one event loop and is closed when
+        that loop shuts down: a guard (an async generator started on the loop)
+        is finalised by ``loop.shutdown_asyncgens()``, which ``asyncio.run`` and
+        ``asyncio.Runner`` call before closing the loop, and closes the client
+        there. Clients of loops that were closed without that shutdown are
+        dropped the next time a client is created. So neither connections nor
+        event loops pile up however many loops use the store.
+        """
         if self._borrowed_async is not None:
             return self._borrowed_async
         if self.url is None:
@@ -353,6 +362,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         loop = asyncio.get_running_loop()
         bound = self._loop_clients.get(loop)
         if bound is None:
+            for dead in [other for other in self._loop_clients if other.is_closed()]:
+                self._loop_clients.pop(dead, None)  # closed without shutdown_asyncgens
             # A blocking pool: past its size, a call waits for a free connection
             # (up to the socket timeout) instead of failing with "Too many
             # connections", which the default pool does once more than 100
@@ -367,8 +378,23 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
             client = redis.asyncio.Redis(connection_pool=pool)
             client.auto_close_connection_pool = True  # aclose() closes the pool it owns
-            bound = self._loop_clients[loop] = _Client.wrap(client)
+            bound = _Client.wrap(client)
+            bound.guard = self._close_at_loop_shutdown(loop, bound)
+            self._loop_clients[loop] = bound
+            await anext(bound.guard)  # runs to its first yield: registers it with the loop
         return bound
+
+    async def _close_at_loop_shutdown(
+        self, loop: asyncio.AbstractEventLoop, bound: _Client
+    ) -> AsyncGenerator[None, None]:
+        """Hold ``bound`` until the loop shuts its async generators down, then close it."""
+        try:
+            yield
+        finally:
+            if self._loop_clients.get(loop) is bound:
+                del self._loop_clients[loop]
+            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
+                await bound.client.aclose()
 
     def _expiry_ms(self) -> bytes:
         return b"" if self.ttl is None else str(max(1, math.ceil(self.ttl * 1000))).encode()
@@ -503,7 +529,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def aclaim(self, run_id: str) -> int:
         """Async twin of :meth:`claim`."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().aclaim(run_id)
         check_run_id(run_id)
@@ -512,7 +538,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def aput(self, checkpoint: StreamCheckpoint) -> None:
         """Async twin of :meth:`put`: only the new text is sent when it extends the last."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().aput(checkpoint)
         plan = self._prepare_put(checkpoint)
@@ -534,7 +560,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def aget(self, run_id: str) -> StreamCheckpoint | None:
         """Async twin of :meth:`get`."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().aget(run_id)
         check_run_id(run_id)
@@ -544,7 +570,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Async twin of :meth:`delete`."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().adelete(run_id, epoch=epoch)
         check_run_id(run_id)
@@ -564,8 +590,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     async def aclose(self) -> None:
         """Close the clients the store created, including this event loop's async one."""
         if self._owns_clients:
-            bound = self._loop_clients.pop(asyncio.get_running_loop(), None)
-            if bound is not None:
-                with self._backend_errors("close", None):
-                    await bound.client.aclose()
+            bound = self._loop_clients.get(asyncio.get_running_loop())
+            if bound is not None and bound.guard is not None:
+                await bound.guard.aclose()  # forgets and closes the loop's client
         self.close()
