@@ -262,9 +262,13 @@ def test_claim_returns_strictly_increasing_epochs(store: StreamCheckpointStore) 
 
 
 def test_claims_of_different_runs_are_independent(store: StreamCheckpointStore) -> None:
-    assert store.claim("run-a") == 1
-    assert store.claim("run-a") == 2
-    assert store.claim("run-b") == 1
+    first_a = store.claim("run-a")
+    second_a = store.claim("run-a")
+    only_b = store.claim("run-b")
+    store.put(make_checkpoint("run-a", "a", epoch=second_a))  # b's claim fenced nobody in a
+    store.put(make_checkpoint("run-b", "b", epoch=only_b))
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint("run-a", "a, stale", epoch=first_a))
 
 
 def test_put_with_the_current_epoch_is_accepted(store: StreamCheckpointStore) -> None:
@@ -331,9 +335,10 @@ def test_put_with_an_unclaimed_epoch_is_refused(store: StreamCheckpointStore) ->
         store.put(make_checkpoint(epoch=3))
     assert not isinstance(caught.value, StreamCheckpointFencedError)
     assert store.get("run-1") is None
-    store.claim("run-1")
-    with pytest.raises(StreamCheckpointError, match="claim"):
-        store.put(make_checkpoint(epoch=2))
+    epoch = store.claim("run-1")
+    with pytest.raises(StreamCheckpointError, match="claim") as caught:
+        store.put(make_checkpoint(epoch=epoch + 1))
+    assert not isinstance(caught.value, StreamCheckpointFencedError)
 
 
 def test_epoch_zero_without_any_claim_is_allowed(store: StreamCheckpointStore) -> None:
@@ -408,7 +413,129 @@ def test_replacement_process_resumes_the_turn_and_fences_the_old_writer(
         store.put(make_checkpoint(text="The answer is 7", epoch=old))
     got = store.get("run-1")
     assert got is not None
-    assert (got.partial_text, got.epoch) == ("The answer is 42", old + 1)
+    assert got.partial_text == "The answer is 42"
+    assert got.epoch > old
+
+
+# -- the epoch records' horizon ---------------------------------------------------------
+
+GRACE = 60.0
+
+
+def one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
+    """Claim, write three checkpoints and (unless abandoned) delete: one turn."""
+    epoch = store.claim(run_id)
+    text = ""
+    for step in range(3):
+        text += f"token {step} "
+        store.put(make_checkpoint(run_id, text, epoch=epoch))
+    if finish:
+        store.delete(run_id, epoch=epoch)
+    return epoch
+
+
+def test_store_returns_to_its_baseline_after_turns_and_gc(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    baseline = store_factory.records(store)
+    for n in range(200):
+        one_turn(store, f"turn-{n}", finish=n % 10 != 9)  # one in ten is abandoned
+    assert store_factory.records(store) > 200
+    store_factory.let_time_pass(store, clock, 1 + GRACE + 1)
+    store.gc()
+    assert store.list_run_ids() == []
+    assert store_factory.records(store) <= baseline + 1  # at most the store's epoch floor
+    assert store.gc() == 0
+
+
+def test_epoch_records_are_kept_for_the_grace_period(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    epoch = one_turn(store, "run-1")
+    store_factory.let_time_pass(store, clock, GRACE - 1)
+    store.gc()
+    with pytest.raises(StreamCheckpointFencedError):  # the claim still fences unfenced writers
+        store.put(make_checkpoint(text="an unfenced writer", epoch=0))
+    assert store_factory.records(store) >= 1
+    assert store.claim("run-1") > epoch
+
+
+def test_a_live_checkpoint_keeps_its_epoch_record_however_long_the_turn(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(clock=clock, epoch_grace=GRACE)
+    epoch = store.claim("run-1")
+    store.put(make_checkpoint(text="a turn that streams", epoch=epoch))
+    store_factory.let_time_pass(store, clock, 10 * GRACE)
+    store.gc()
+    store.put(make_checkpoint(text="a turn that streams for long", epoch=epoch))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("a turn that streams for long", epoch)
+
+
+def test_stale_writer_is_refused_after_the_epoch_record_was_collected(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    stale = store.claim("run-1")  # a writer that stalls, holding its epoch
+    store.put(make_checkpoint(text="stale owner", epoch=stale))
+    newer = one_turn(store, "run-1")  # another process takes over and finishes the turn
+    store_factory.let_time_pass(store, clock, GRACE + 2)
+    store.gc()
+    assert store_factory.records(store) <= 1  # the run's epoch record is gone
+    with pytest.raises(StreamCheckpointError) as caught:  # no record: never claimed
+        store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
+    assert "claim" in str(caught.value)
+    assert store.get("run-1") is None
+    latest = store.claim("run-1")  # a claim after the horizon still exceeds every epoch
+    assert latest > newer > stale
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(text="the finished owner", epoch=newer))
+    store.put(make_checkpoint(text="latest owner", epoch=latest))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("latest owner", latest)
+
+
+def test_claims_increase_across_many_collections_of_the_epoch_record(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    handed_out = []
+    for _ in range(6):
+        for _ in range(3):
+            handed_out.append(store.claim("run-1"))
+        store.put(make_checkpoint(epoch=handed_out[-1]))
+        store.delete("run-1", epoch=handed_out[-1])
+        store_factory.let_time_pass(store, clock, GRACE + 2)
+        store.gc()
+    assert handed_out == sorted(set(handed_out))
+    assert store.claim("run-1") > handed_out[-1]
+    for old in handed_out:
+        with pytest.raises(StreamCheckpointFencedError):
+            store.put(make_checkpoint(epoch=old))
+
+
+def test_operator_delete_lets_gc_remove_the_epoch_record_later(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(clock=clock, epoch_grace=GRACE)
+    baseline = store_factory.records(store)
+    one_turn(store, "run-1", finish=False)
+    store.delete("run-1")  # what `awaken-langchain checkpoints rm` does
+    store_factory.let_time_pass(store, clock, GRACE + 1)
+    store.gc()  # what `awaken-langchain checkpoints gc` does
+    assert store_factory.records(store) <= baseline + 1
+
+
+def test_epoch_grace_must_be_positive(store_factory: StoreFactory) -> None:
+    with pytest.raises(ValueError, match="epoch_grace"):
+        store_factory(epoch_grace=0)
 
 
 # -- TTL, listing, gc ------------------------------------------------------------------

@@ -124,9 +124,10 @@ def test_backend_failure_is_a_store_error_naming_run_and_cause(tmp_path: Path) -
         assert isinstance(caught.value.cause, FileNotFoundError)
 
 
-def test_delete_and_gc_leave_only_epoch_files(tmp_path: Path) -> None:
+def test_delete_and_gc_leave_only_epoch_files_until_their_grace_ends(tmp_path: Path) -> None:
     now = [1000.0]
-    with FileStreamCheckpointStore(tmp_path, ttl=10, clock=lambda: now[0]) as store:
+    clock = lambda: now[0]  # noqa: E731
+    with FileStreamCheckpointStore(tmp_path, ttl=10, clock=clock, epoch_grace=100) as store:
         for run_id in ("deleted", "expired"):
             epoch = store.claim(run_id)
             store.put(StreamCheckpoint(run_id=run_id, partial_text="a", epoch=epoch))
@@ -134,8 +135,12 @@ def test_delete_and_gc_leave_only_epoch_files(tmp_path: Path) -> None:
         store.delete("deleted")
         now[0] += 11
         assert store.gc() == 1
-    suffixes = sorted(path.suffix or path.name for path in tmp_path.iterdir())
-    assert suffixes == [".epoch", ".epoch", ".lock"]
+        suffixes = sorted(path.suffix or path.name for path in tmp_path.iterdir())
+        assert suffixes == [".epoch", ".epoch", ".lock"]
+        now[0] += 100
+        store.gc()
+        assert sorted(path.name for path in tmp_path.iterdir()) == [".epoch-floor", ".lock"]
+        assert store.claim("deleted") == 2  # above the floor the collected files left
 
 
 def test_forked_child_takes_its_own_lock(tmp_path: Path) -> None:

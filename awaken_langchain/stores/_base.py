@@ -22,6 +22,41 @@ Backends implement a handful of primitives (see :class:`DeltaCheckpointStore`);
 each primitive runs atomically in the backend (a diskcache transaction, a file
 lock, a Lua script) and applies the fencing rule from :func:`check_epoch` inside
 that atomic step.
+
+Epoch records and their horizon
+-------------------------------
+
+``claim`` keeps a per-run **epoch record**: the run's counter, and the time
+until which the record must be kept. Records end, so a store returns to its
+baseline size once turns finish and ``gc`` runs:
+
+- A claim sets ``keep_until = now + epoch_grace``; a ``delete`` of the run's
+  checkpoint pushes it to ``now + epoch_grace``, and ``gc`` removing an expired
+  checkpoint to ``epoch_grace`` after that checkpoint's last write. ``gc``
+  removes a record only when the run has no checkpoint left and ``keep_until``
+  has passed: a record outlives the run's last claim, write and delete by at
+  least ``epoch_grace`` (default one hour).
+- In the same atomic step as removing a record, ``gc`` raises the store's
+  **epoch floor** to at least the record's counter; the floor never decreases.
+  A claim returns ``max(counter, floor) + 1`` (:func:`next_epoch`).
+
+Why claims stay strictly increasing forever: every epoch ever handed out for a
+run is at most its record's counter while the record exists, and at most the
+floor once it was collected. ``max(counter, floor) + 1`` exceeds them all, with
+no clock involved.
+
+Why a stale writer is still refused after its run's record was collected: a
+write must carry exactly the run's current counter. With no record the counter
+is 0, so a writer holding any claimed epoch (at least 1) is refused (as never
+claimed); once someone claims again, the new epoch exceeds the stale one and the
+writer is fenced. Only epoch 0 (a writer that never claims) passes on a run
+without a record, exactly as on a run nobody ever claimed; the grace period is
+how long a claim keeps fencing such writers out after the run's checkpoint is
+gone. Choose it longer than any writer of a finished run can still be stalled.
+
+The Redis store cannot raise a floor when its keys expire (Redis expires them
+on its own, and a cluster has no key every run's script may touch), so its floor
+is the clock; see :mod:`awaken_langchain.stores.redis`.
 """
 
 from __future__ import annotations
@@ -57,6 +92,9 @@ HEAD_LAYOUT = 1
 
 TEXT_ENCODING = "utf-8"
 TEXT_ERRORS = "surrogatepass"
+
+DEFAULT_EPOCH_GRACE = 3600.0
+"""Seconds a run's epoch record outlives its checkpoint and its last claim (one hour)."""
 
 MEMO_LIMIT = 256
 """How many runs' last written text a store instance remembers for delta writes.
@@ -146,6 +184,16 @@ def corrupted(run_id: str, what: str) -> StreamCheckpointError:
     return StreamCheckpointError(f"stored checkpoint is corrupted ({what})", run_id=run_id)
 
 
+def next_epoch(current: int, floor: int) -> int:
+    """The epoch a claim hands out: above the run's counter and the store's floor.
+
+    Args:
+        current: The run's counter (0 when it has no epoch record).
+        floor: At least every epoch of a record the store has removed.
+    """
+    return max(current, floor) + 1
+
+
 def check_epoch(run_id: str, epoch: int, current: int, *, action: str) -> None:
     """Apply the fencing rule to a write carrying ``epoch``.
 
@@ -164,7 +212,9 @@ def check_epoch(run_id: str, epoch: int, current: int, *, action: str) -> None:
         raise StreamCheckpointError(
             f"{action} carries epoch {epoch}, but the run's current epoch is {current}; "
             "epochs come from claim(run_id): claim the run first and write with the "
-            "epoch it returns (or use epoch 0 on a run that is never claimed)",
+            "epoch it returns (or use epoch 0 on a run that is never claimed). A run's "
+            "epoch record is removed epoch_grace seconds after its checkpoint is gone; "
+            "a writer idle that long must claim again",
             run_id=run_id,
         )
 
@@ -329,6 +379,14 @@ class PutPlan:
 class DeltaCheckpointStore(StreamCheckpointStore):
     """A store that persists a head plus appendable text (see module docstring).
 
+    Args:
+        ttl: Seconds after its last write when a checkpoint expires, or ``None``.
+        max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
+        clock: Wall-clock time source, injectable for tests.
+        epoch_grace: Seconds a run's epoch record outlives the run's checkpoint
+            and its last claim (see the module docstring for why claims stay
+            strictly increasing after it is removed).
+
     Subclasses implement the ``_backend_*`` primitives. Each one must be atomic
     with respect to other writers of the same backend, and must call
     :func:`check_epoch` with the run's persisted epoch counter before changing
@@ -347,8 +405,14 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         ttl: float | None = None,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         clock: Callable[[], float] = time.time,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
     ) -> None:
         super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        if not epoch_grace > 0:
+            raise ValueError(
+                f"epoch_grace must be a positive number of seconds, got {epoch_grace!r}"
+            )
+        self.epoch_grace = float(epoch_grace)
         self._memo: OrderedDict[str, LastWrite] = OrderedDict()
         self._memo_lock = threading.Lock()
 
@@ -356,7 +420,11 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 
     @abstractmethod
     def _backend_claim(self, run_id: str) -> int:
-        """Atomically increment and persist the run's epoch counter; return it."""
+        """Atomically hand out the run's next epoch and persist it; return it.
+
+        The epoch is :func:`next_epoch` of the run's counter and the store's
+        floor; the record is kept until at least :meth:`_keep_until`.
+        """
 
     @abstractmethod
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
@@ -395,7 +463,8 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     ) -> bool:
         """Atomically fence (when ``epoch`` is given), then delete the run's record.
 
-        The epoch counter is kept. When ``condition`` is given, the record is
+        The epoch record is kept, until at least :meth:`_keep_until` when a
+        checkpoint was deleted. When ``condition`` is given, the record is
         deleted only if its decoded head satisfies it.
 
         Returns:
@@ -406,9 +475,29 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         """Yield ``(run_id, raw head)`` for every stored record."""
 
+    @abstractmethod
+    def _backend_collect_epochs(self) -> None:
+        """Remove the epoch records of runs without a checkpoint whose time has passed.
+
+        Each removal raises the store's epoch floor to at least the removed
+        counter in the same atomic step (see the module docstring).
+        """
+
     def _backend_cleanup(self) -> None:
         """Remove leftovers of interrupted writes (called by :meth:`gc`)."""
         return None
+
+    def _keep_until(self, deleted: Head | None = None) -> float:
+        """Until when an epoch record must be kept after a claim or a checkpoint's removal.
+
+        Args:
+            deleted: The head of a checkpoint ``gc`` removed as expired: the
+                record is kept ``epoch_grace`` after that checkpoint's last
+                write. ``None`` for a claim or a ``delete``: ``epoch_grace``
+                from now.
+        """
+        touched = self.clock() if deleted is None else deleted.updated_at
+        return touched + self.epoch_grace
 
     # -- the steps of put and get, shared with natively async backends ----------
 
@@ -556,15 +645,19 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         return sorted(found)
 
     def gc(self) -> int:
-        """Remove expired checkpoints and leftovers of interrupted writes.
+        """Remove expired checkpoints, epoch records past their grace, and leftovers.
 
         Returns:
             How many expired checkpoints were removed.
         """
-        if self.ttl is None:
-            with self._backend_errors("gc", None):
-                self._backend_cleanup()
-            return 0
+        removed = self._gc_checkpoints() if self.ttl is not None else 0
+        with self._backend_errors("gc", None):
+            self._backend_collect_epochs()
+            self._backend_cleanup()
+        return removed
+
+    def _gc_checkpoints(self) -> int:
+        """Remove expired checkpoints; return how many."""
         removed = 0
         with self._backend_errors("gc", None):
             candidates = list(self._backend_heads())
@@ -580,8 +673,6 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                     removed += 1
             with self._memo_lock:
                 self._memo.pop(run_id, None)
-        with self._backend_errors("gc", None):
-            self._backend_cleanup()
         return removed
 
     # -- helpers for backends ---------------------------------------------------
@@ -622,6 +713,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 __all__ = [
     "DeltaCheckpointStore",
     "Head",
+    "DEFAULT_EPOCH_GRACE",
     "LastWrite",
     "PutPlan",
     "check_epoch",
@@ -632,6 +724,7 @@ __all__ = [
     "linked_path_error",
     "make_private_directory",
     "new_write_id",
+    "next_epoch",
     "open_no_follow",
     "plan_append",
     "run_id_bytes",

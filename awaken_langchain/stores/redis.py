@@ -6,7 +6,7 @@ cluster slot and one Lua script can touch them all::
     <prefix>:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
                                 and "write_id" (the write that produced it)
     <prefix>:{<run_id>}:text    string: the partial text as UTF-8, appended in place
-    <prefix>:{<run_id>}:epoch   integer: the fencing counter; never expires
+    <prefix>:{<run_id>}:epoch   integer: the fencing counter (see "Epoch horizon")
 
 Every write is one Lua script that compares the writer's epoch with the counter
 and only then touches the head and text, so a stale writer on another host is
@@ -14,6 +14,29 @@ refused even when it races the new owner. A put that extends the text sends
 only the new characters (``APPEND``), and only if the stored ``write_id`` and
 text length are still the ones the writer remembers. Checkpoint keys carry the
 store's ``ttl`` as their Redis expiry.
+
+Epoch horizon
+-------------
+
+Redis expires keys on its own, so no step of the store sees a counter go and
+could raise a floor the way the embedded stores do (stores/_base.py), and a
+cluster has no key that every run's script may touch. The floor is the clock
+instead, in milliseconds of the store's ``clock``:
+
+- ``claim`` returns ``max(counter + 1, now_ms)``;
+- every claim, put and delete sets the counter's expiry to
+  ``max(checkpoint's remaining ttl, epoch - now_ms) + epoch_grace``: the counter
+  lives while the checkpoint does (no expiry while the checkpoint has none),
+  then ``epoch_grace`` longer, and always until the clock has passed its value
+  by ``epoch_grace``.
+
+So when a counter expires, the clock of the host that last touched it reads at
+least ``counter + epoch_grace`` ms; a later claim from any host whose clock lags
+that one by less than ``epoch_grace`` (one hour by default) returns a larger
+epoch than any handed out before. A stale writer finds either no counter (its
+epoch is refused as never claimed) or a larger one (it is fenced). The
+assumption, to be kept by NTP: the clocks of the hosts sharing a store, and any
+step a clock takes backwards, stay within ``epoch_grace`` of each other.
 
 Values are JSON text encoded by this library; nothing is ever pickled.
 """
@@ -49,6 +72,7 @@ from awaken_langchain.checkpoint import (
 )
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
+    DEFAULT_EPOCH_GRACE,
     DeltaCheckpointStore,
     Head,
     LastWrite,
@@ -73,12 +97,45 @@ ASYNC_MAX_CONNECTIONS = 100
 """Connections the async client of one event loop opens at most; further calls wait."""
 """``COUNT`` hint for ``SCAN``, and how many heads are fetched per round trip."""
 
+# keep_counter(head, counter, epoch, now_ms, grace_ms): set the counter's expiry
+# (see "Epoch horizon"); a missing counter is left missing.
+_KEEP_COUNTER = """
+local function keep_counter(head, counter, epoch, now, grace)
+  local left = redis.call('PTTL', head)
+  if left == -1 then
+    redis.call('PERSIST', counter)
+    return
+  end
+  if left < 0 then left = 0 end
+  if epoch - now > left then left = epoch - now end
+  redis.call('PEXPIRE', counter, string.format('%.0f', left + grace))
+end
+"""
+
+# KEYS: head, text, epoch counter; ARGV: now in ms, epoch_grace in ms.
+# Returns the new epoch, max(counter + 1, now), as a decimal string.
+_CLAIM = (
+    _KEEP_COUNTER
+    + """
+local current = tonumber(redis.call('GET', KEYS[3]) or '0')
+if not current then return redis.error_reply('epoch counter is not an integer') end
+local now = tonumber(ARGV[1])
+local epoch = math.max(current + 1, now)
+redis.call('SET', KEYS[3], string.format('%.0f', epoch))
+keep_counter(KEYS[1], KEYS[3], epoch, now, tonumber(ARGV[2]))
+return string.format('%.0f', epoch)
+"""
+)
+
 # KEYS: head, text, epoch counter
 # ARGV: epoch, mode ("replace" | "append"), head JSON, text or delta, write_id,
-#       expected write_id and text length (append only), expiry in ms ("" for none)
+#       expected write_id and text length (append only), expiry in ms ("" for none),
+#       now in ms, epoch_grace in ms
 # Returns {"ok" | "refused" (epoch differs from the counter) | "changed"
 #          (append only: the stored text is not the one expected), counter}.
-_PUT = """
+_PUT = (
+    _KEEP_COUNTER
+    + """
 local current = tonumber(redis.call('GET', KEYS[3]) or '0')
 if not current then return redis.error_reply('epoch counter is not an integer') end
 if tonumber(ARGV[1]) ~= current then return {'refused', current} end
@@ -99,8 +156,10 @@ else
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
+keep_counter(KEYS[1], KEYS[3], current, tonumber(ARGV[9]), tonumber(ARGV[10]))
 return {'ok', current}
 """
+)
 
 # KEYS: head, text. Returns false, or {head JSON, text}: one consistent snapshot.
 _LOAD = """
@@ -110,19 +169,39 @@ return {head, redis.call('GET', KEYS[2]) or ''}
 """
 
 # KEYS: head, text, epoch counter
-# ARGV: epoch ("" deletes unconditionally), write_id ("" for any)
+# ARGV: epoch ("" deletes unconditionally), write_id ("" for any), now in ms,
+#       epoch_grace in ms
 # Returns {"ok" | "refused", counter or number of keys deleted}.
-_DELETE = """
+_DELETE = (
+    _KEEP_COUNTER
+    + """
+local current = tonumber(redis.call('GET', KEYS[3]) or '0')
 if ARGV[1] ~= '' then
-  local current = tonumber(redis.call('GET', KEYS[3]) or '0')
   if not current then return redis.error_reply('epoch counter is not an integer') end
   if tonumber(ARGV[1]) ~= current then return {'refused', current} end
 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'write_id') ~= ARGV[2] then
   return {'ok', 0}
 end
-return {'ok', redis.call('DEL', KEYS[1], KEYS[2])}
+local deleted = redis.call('DEL', KEYS[1], KEYS[2])
+if current then keep_counter(KEYS[1], KEYS[3], current, tonumber(ARGV[3]), tonumber(ARGV[4])) end
+return {'ok', deleted}
 """
+)
+
+# KEYS: head, epoch counter; ARGV: now in ms, epoch_grace in ms.
+# Gives a counter left without expiry by an older release an expiry, when its
+# run has no checkpoint. Returns 1 if it did.
+_ADOPT = (
+    _KEEP_COUNTER
+    + """
+if redis.call('PTTL', KEYS[2]) ~= -1 or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local current = tonumber(redis.call('GET', KEYS[2]))
+if not current then return 0 end
+keep_counter(KEYS[1], KEYS[2], current, tonumber(ARGV[1]), tonumber(ARGV[2]))
+return 1
+"""
+)
 
 
 @dataclass
@@ -133,13 +212,22 @@ class _Client:
     put: Any
     load: Any
     delete: Any
+    claim: Any
+    adopt: Any
     guard: AsyncGenerator[None, None] | None = None
     """For a client the store created: what closes it when its event loop shuts down."""
 
     @classmethod
     def wrap(cls, client: Any) -> _Client:
         register = client.register_script
-        return cls(client, register(_PUT), register(_LOAD), register(_DELETE))
+        return cls(
+            client,
+            register(_PUT),
+            register(_LOAD),
+            register(_DELETE),
+            register(_CLAIM),
+            register(_ADOPT),
+        )
 
 
 def _redact(url: str) -> str:
@@ -172,10 +260,11 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     Fencing is checked inside Redis by a Lua script, so a writer whose epoch is
     stale is refused even when it races the new owner from another host.
-    ``claim`` is an ``INCR`` on a per-run counter that never expires, so epochs
-    stay strictly increasing after a delete or expiry. For counters and
-    checkpoints to survive a Redis restart too, run Redis with persistence
-    (``appendonly yes``).
+    ``claim`` returns ``max(counter + 1, now in ms)`` and the per-run counter
+    expires ``epoch_grace`` after the run's checkpoint and after the clock has
+    passed it, so epochs stay strictly increasing after a delete or expiry while
+    nothing stays in Redis forever. For counters and checkpoints to survive a
+    Redis restart too, run Redis with persistence (``appendonly yes``).
 
     Give either a ``url`` (the store creates, owns and closes its clients; the
     async methods get one ``redis.asyncio`` client per event loop) or ready
@@ -212,6 +301,9 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         socket_connect_timeout: Seconds to wait for a connection.
         retries: How often a command is retried after a connection error or a
             timeout (with a short jittered backoff) before the store reports it.
+        epoch_grace: Seconds a run's epoch counter outlives its checkpoint, and
+            the clock must pass the counter's value, before the counter expires
+            (see "Epoch horizon" in the module docstring).
         **connection_kwargs: Any other ``redis.Redis.from_url`` keyword, passed
             to the clients the store creates.
 
@@ -240,9 +332,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         socket_timeout: float | None = 5.0,
         socket_connect_timeout: float | None = 5.0,
         retries: int = 3,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
         **connection_kwargs: Any,
     ) -> None:
-        super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        super().__init__(
+            ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock, epoch_grace=epoch_grace
+        )
         if url is None and client is None and async_client is None:
             raise ValueError(
                 "RedisStreamCheckpointStore needs a connection: pass url='redis://host:6379/0' "
@@ -268,6 +363,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
                 "decode_responses=False (the default)"
             )
         self.prefix = prefix
+        self._grace_ms = str(math.ceil(self.epoch_grace * 1000)).encode()
         self._where = _redact(url) if url is not None else "the given Redis client"
         self._prefix_bytes = run_id_bytes(prefix)
         options: dict[str, Any] = {
@@ -427,7 +523,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             b"" if expect is None else expect.write_id.encode(),
             b"" if expect is None else str(expect.text_bytes).encode(),
             self._expiry_ms(),
+            *self._clock_args(),
         ]
+
+    def _clock_args(self) -> list[bytes]:
+        """The ``now`` and ``epoch_grace`` arguments of the scripts, in milliseconds."""
+        return [str(math.floor(self.clock() * 1000)).encode(), self._grace_ms]
 
     @staticmethod
     def _put_result(head: Head, epoch: int, reply: Any) -> Head | None:
@@ -437,11 +538,11 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             check_epoch(head.run_id, epoch, current, action="put")
         return head if status == b"ok" else None
 
-    @staticmethod
-    def _delete_args(epoch: int | None, write_id: str | None) -> list[bytes]:
+    def _delete_args(self, epoch: int | None, write_id: str | None) -> list[bytes]:
         return [
             b"" if epoch is None else str(epoch).encode(),
             b"" if write_id is None else write_id.encode(),
+            *self._clock_args(),
         ]
 
     @staticmethod
@@ -460,7 +561,15 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     # -- backend primitives (sync) ---------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
-        return int(self._client().client.incr(self._keys(run_id)[2]))
+        return int(self._client().claim(keys=self._keys(run_id), args=self._clock_args()))
+
+    def _backend_collect_epochs(self) -> None:
+        """Give counters left without expiry by an older release one; Redis does the rest."""
+        bound = self._client()
+        match = run_id_bytes(_glob_escape(self.prefix) + ":{*}:epoch")
+        for key in bound.client.scan_iter(match=match, count=_SCAN_BATCH):
+            head = bytes(key)[: -len(b"epoch")] + b"head"
+            bound.adopt(keys=[head, bytes(key)], args=self._clock_args())
 
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         reply = self._client().put(
@@ -534,7 +643,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             return await super().aclaim(run_id)
         check_run_id(run_id)
         with self._backend_errors("claim", run_id):
-            return int(await bound.client.incr(self._keys(run_id)[2]))
+            return int(await bound.claim(keys=self._keys(run_id), args=self._clock_args()))
 
     async def aput(self, checkpoint: StreamCheckpoint) -> None:
         """Async twin of :meth:`put`: only the new text is sent when it extends the last."""
