@@ -97,6 +97,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             failing with :class:`StreamCheckpointError`.
         epoch_grace: Seconds a run's epoch record outlives its checkpoint and
             its last claim.
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
     """
 
     def __init__(
@@ -108,9 +112,14 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         clock: Callable[[], float] = time.time,
         timeout: float = 60.0,
         epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
         super().__init__(
-            ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock, epoch_grace=epoch_grace
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
         )
         self.directory = Path(directory)
         self.timeout = timeout

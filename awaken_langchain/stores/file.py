@@ -137,6 +137,10 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             throwaway data).
         epoch_grace: Seconds a run's epoch record outlives its checkpoint and
             its last claim.
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
     """
 
     def __init__(
@@ -148,9 +152,14 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         clock: Callable[[], float] = time.time,
         fsync: bool = True,
         epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
         super().__init__(
-            ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock, epoch_grace=epoch_grace
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
         )
         self.directory = Path(directory)
         self._fsync = fsync

@@ -31,6 +31,10 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         clock: Wall-clock time source, injectable for tests.
         epoch_grace: Seconds a run's epoch record outlives its checkpoint and
             its last claim.
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
     """
 
     def __init__(
@@ -40,9 +44,14 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         clock: Callable[[], float] = time.time,
         epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
         super().__init__(
-            ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock, epoch_grace=epoch_grace
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
         )
         self._lock = threading.Lock()
         self._heads: dict[str, bytes] = {}

@@ -304,6 +304,10 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         epoch_grace: Seconds a run's epoch counter outlives its checkpoint, and
             the clock must pass the counter's value, before the counter expires
             (see "Epoch horizon" in the module docstring).
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
         **connection_kwargs: Any other ``redis.Redis.from_url`` keyword, passed
             to the clients the store creates.
 
@@ -333,10 +337,15 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         socket_connect_timeout: float | None = 5.0,
         retries: int = 3,
         epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
         **connection_kwargs: Any,
     ) -> None:
         super().__init__(
-            ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock, epoch_grace=epoch_grace
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
         )
         if url is None and client is None and async_client is None:
             raise ValueError(
