@@ -753,7 +753,8 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Delete the run's checkpoint; a missing checkpoint is not an error.
 
-        The run's epoch counter is kept, so later claims stay strictly larger.
+        The run's epoch record is kept for ``epoch_grace`` more seconds, and
+        later claims stay strictly larger even after it is gone.
 
         Raises:
             StreamCheckpointFencedError: If ``epoch`` is older than the run's
