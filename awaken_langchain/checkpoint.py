@@ -253,7 +253,9 @@ class StreamCheckpointStore(ABC):
     - ``delete(run_id)`` is idempotent; deleting a missing run is not an error.
     - ``claim(run_id)`` returns a new fencing epoch, strictly larger than any
       epoch returned before for that run (also across store instances and
-      processes sharing the backend, and after the checkpoint was deleted).
+      processes sharing the backend, after the checkpoint was deleted, and
+      after the run's epoch record was removed: records must end, see
+      ``stores/_base.py``).
       A ``put`` or ``delete(run_id, epoch=...)`` carrying an epoch older than the
       run's current one raises ``StreamCheckpointFencedError``.
     - Every storage failure raises ``StreamCheckpointError`` naming the run id

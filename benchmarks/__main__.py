@@ -16,6 +16,7 @@ from benchmarks import (
     overhead,
     recovery_latency,
     seam_accuracy,
+    store_size,
     wasted_work,
 )
 
@@ -31,6 +32,7 @@ def main(quick: bool = False) -> None:
         wasted_work.main(tokens=200, fractions=(0.5,), delay=0.0)
         concurrency.main(streams=16, processes=2, chars=128)
         seam_accuracy.main(quick=True)
+        store_size.main(turns=100)
     else:
         overhead.main()
         checkpoint_put.main()
@@ -39,6 +41,7 @@ def main(quick: bool = False) -> None:
         wasted_work.main()
         concurrency.main()
         seam_accuracy.main()
+        store_size.main()
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 

@@ -25,7 +25,13 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import run_id_bytes
-from tests.redis_server import corrupt_redis, redis_server, store_on
+from tests.redis_server import (
+    corrupt_redis,
+    redis_let_time_pass,
+    redis_records,
+    redis_server,
+    store_on,
+)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,6 +67,10 @@ class StoreBackend:
         child_source: Python source of an expression that builds the store on
             ``location`` in another process (``None`` if it cannot be shared).
         uses_directory: The store keeps its data inside ``location``.
+        records: Counts what the store holds: entries, keys or files (the
+            store's lock file excluded).
+        let_time_pass: Does what the backend's own expiry does after that
+            many seconds (Redis); stores that expire only by ``gc`` do nothing.
     """
 
     name: str
@@ -69,6 +79,10 @@ class StoreBackend:
     durable: bool
     child_source: str | None
     uses_directory: bool
+    records: Callable[[StreamCheckpointStore, Path], int]
+    let_time_pass: Callable[[StreamCheckpointStore, Path, float], None] = (
+        lambda store, location, seconds: None
+    )
 
 
 def _corrupt_memory(store: StreamCheckpointStore, location: Path, run_id: str, part: str) -> None:
@@ -100,6 +114,20 @@ def _corrupt_file(store: StreamCheckpointStore, location: Path, run_id: str, par
         log.write_bytes(bytes(data))
 
 
+def _memory_records(store: StreamCheckpointStore, location: Path) -> int:
+    assert isinstance(store, InMemoryStreamCheckpointStore)
+    return sum(len(held) for held in (store._heads, store._texts, store._write_ids, store._epochs))
+
+
+def _diskcache_records(store: StreamCheckpointStore, location: Path) -> int:
+    with diskcache.Cache(str(location)) as raw:
+        return len(raw)
+
+
+def _file_records(store: StreamCheckpointStore, location: Path) -> int:
+    return sum(1 for path in location.iterdir() if path.name != ".lock")
+
+
 STORE_BACKENDS: list[StoreBackend] = [
     StoreBackend(
         name="memory",
@@ -108,6 +136,7 @@ STORE_BACKENDS: list[StoreBackend] = [
         durable=False,
         child_source=None,
         uses_directory=False,
+        records=_memory_records,
     ),
     StoreBackend(
         name="diskcache",
@@ -116,6 +145,7 @@ STORE_BACKENDS: list[StoreBackend] = [
         durable=True,
         child_source="DiskCacheStreamCheckpointStore(location)",
         uses_directory=True,
+        records=_diskcache_records,
     ),
     StoreBackend(
         name="file",
@@ -124,6 +154,7 @@ STORE_BACKENDS: list[StoreBackend] = [
         durable=True,
         child_source="FileStreamCheckpointStore(location)",
         uses_directory=True,
+        records=_file_records,
     ),
     StoreBackend(
         name="redis",
@@ -132,6 +163,8 @@ STORE_BACKENDS: list[StoreBackend] = [
         durable=True,
         child_source="__import__('tests.redis_server', fromlist=['x']).store_on(location)",
         uses_directory=False,
+        records=redis_records,
+        let_time_pass=redis_let_time_pass,
     ),
 ]
 
@@ -151,6 +184,14 @@ class StoreFactory:
 
     def corrupt(self, store: StreamCheckpointStore, run_id: str, part: str) -> None:
         self.backend.corrupt(store, self.location, run_id, part)
+
+    def records(self, store: StreamCheckpointStore) -> int:
+        return self.backend.records(store, self.location)
+
+    def let_time_pass(self, store: StreamCheckpointStore, clock: FakeClock, seconds: float) -> None:
+        """Move the store's clock, and the backend's own expiry with it."""
+        clock.advance(seconds)
+        self.backend.let_time_pass(store, self.location, seconds)
 
     def run_child(self, body: str, *args: str, timeout: float = 60) -> str:
         """Run ``body`` in a new Python process with ``store`` bound; return its stdout."""

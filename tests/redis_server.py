@@ -286,3 +286,34 @@ def corrupt_redis(store: StreamCheckpointStore, location: Path, run_id: str, par
             raw.hset(head, "head", b"\x00garbage")
         else:
             raw.set(text, b"\xff\xfe\xfd")
+
+
+def redis_records(store: StreamCheckpointStore, location: Path) -> int:
+    """How many keys a store on ``location`` holds in Redis."""
+    import redis
+
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+    assert isinstance(store, RedisStreamCheckpointStore)
+    assert store.url is not None
+    with redis.Redis.from_url(store.url) as raw:
+        return sum(1 for _ in raw.scan_iter(match=f"{prefix_for(location)}:*"))
+
+
+def redis_let_time_pass(store: StreamCheckpointStore, location: Path, seconds: float) -> None:
+    """Do what Redis's own expiry does once ``seconds`` have passed on its clock.
+
+    The test moves the store's clock; Redis's clock cannot be moved, so every key
+    of the store whose remaining time to live is at most ``seconds`` is deleted,
+    as Redis would have by then.
+    """
+    import redis
+
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+    assert isinstance(store, RedisStreamCheckpointStore)
+    assert store.url is not None
+    with redis.Redis.from_url(store.url) as raw:
+        for key in list(raw.scan_iter(match=f"{prefix_for(location)}:*")):
+            if 0 <= raw.pttl(key) <= seconds * 1000:
+                raw.delete(key)

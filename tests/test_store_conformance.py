@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +19,7 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.checkpoint import CompletedToolCall, InFlightToolCall
+from awaken_langchain.stores._base import SIGNING_KEY_ENV, DeltaCheckpointStore, Head
 from tests.conftest import FakeClock, StoreFactory
 
 
@@ -149,10 +151,13 @@ def written_bytes() -> int:
         pytest.skip("/proc/self/io is not available")
 
 
-def test_delta_put_writes_about_its_delta_not_the_whole_text(store_factory: StoreFactory) -> None:
+@pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
+def test_delta_put_writes_about_its_delta_not_the_whole_text(
+    store_factory: StoreFactory, signed: bool
+) -> None:
     if not store_factory.backend.uses_directory:
         pytest.skip("the store writes no local files to count")
-    store = store_factory()
+    store = store_factory(**({"signing_key": "k" * 32} if signed else {}))
     text = "x" * 400_000
     store.put(make_checkpoint(text=text))
     before = written_bytes()
@@ -262,9 +267,13 @@ def test_claim_returns_strictly_increasing_epochs(store: StreamCheckpointStore) 
 
 
 def test_claims_of_different_runs_are_independent(store: StreamCheckpointStore) -> None:
-    assert store.claim("run-a") == 1
-    assert store.claim("run-a") == 2
-    assert store.claim("run-b") == 1
+    first_a = store.claim("run-a")
+    second_a = store.claim("run-a")
+    only_b = store.claim("run-b")
+    store.put(make_checkpoint("run-a", "a", epoch=second_a))  # b's claim fenced nobody in a
+    store.put(make_checkpoint("run-b", "b", epoch=only_b))
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint("run-a", "a, stale", epoch=first_a))
 
 
 def test_put_with_the_current_epoch_is_accepted(store: StreamCheckpointStore) -> None:
@@ -331,9 +340,10 @@ def test_put_with_an_unclaimed_epoch_is_refused(store: StreamCheckpointStore) ->
         store.put(make_checkpoint(epoch=3))
     assert not isinstance(caught.value, StreamCheckpointFencedError)
     assert store.get("run-1") is None
-    store.claim("run-1")
-    with pytest.raises(StreamCheckpointError, match="claim"):
-        store.put(make_checkpoint(epoch=2))
+    epoch = store.claim("run-1")
+    with pytest.raises(StreamCheckpointError, match="claim") as caught:
+        store.put(make_checkpoint(epoch=epoch + 1))
+    assert not isinstance(caught.value, StreamCheckpointFencedError)
 
 
 def test_epoch_zero_without_any_claim_is_allowed(store: StreamCheckpointStore) -> None:
@@ -408,7 +418,129 @@ def test_replacement_process_resumes_the_turn_and_fences_the_old_writer(
         store.put(make_checkpoint(text="The answer is 7", epoch=old))
     got = store.get("run-1")
     assert got is not None
-    assert (got.partial_text, got.epoch) == ("The answer is 42", old + 1)
+    assert got.partial_text == "The answer is 42"
+    assert got.epoch > old
+
+
+# -- the epoch records' horizon ---------------------------------------------------------
+
+GRACE = 60.0
+
+
+def one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
+    """Claim, write three checkpoints and (unless abandoned) delete: one turn."""
+    epoch = store.claim(run_id)
+    text = ""
+    for step in range(3):
+        text += f"token {step} "
+        store.put(make_checkpoint(run_id, text, epoch=epoch))
+    if finish:
+        store.delete(run_id, epoch=epoch)
+    return epoch
+
+
+def test_store_returns_to_its_baseline_after_turns_and_gc(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    baseline = store_factory.records(store)
+    for n in range(200):
+        one_turn(store, f"turn-{n}", finish=n % 10 != 9)  # one in ten is abandoned
+    assert store_factory.records(store) > 200
+    store_factory.let_time_pass(store, clock, 1 + GRACE + 1)
+    store.gc()
+    assert store.list_run_ids() == []
+    assert store_factory.records(store) <= baseline + 1  # at most the store's epoch floor
+    assert store.gc() == 0
+
+
+def test_epoch_records_are_kept_for_the_grace_period(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    epoch = one_turn(store, "run-1")
+    store_factory.let_time_pass(store, clock, GRACE - 1)
+    store.gc()
+    with pytest.raises(StreamCheckpointFencedError):  # the claim still fences unfenced writers
+        store.put(make_checkpoint(text="an unfenced writer", epoch=0))
+    assert store_factory.records(store) >= 1
+    assert store.claim("run-1") > epoch
+
+
+def test_a_live_checkpoint_keeps_its_epoch_record_however_long_the_turn(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(clock=clock, epoch_grace=GRACE)
+    epoch = store.claim("run-1")
+    store.put(make_checkpoint(text="a turn that streams", epoch=epoch))
+    store_factory.let_time_pass(store, clock, 10 * GRACE)
+    store.gc()
+    store.put(make_checkpoint(text="a turn that streams for long", epoch=epoch))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("a turn that streams for long", epoch)
+
+
+def test_stale_writer_is_refused_after_the_epoch_record_was_collected(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    stale = store.claim("run-1")  # a writer that stalls, holding its epoch
+    store.put(make_checkpoint(text="stale owner", epoch=stale))
+    newer = one_turn(store, "run-1")  # another process takes over and finishes the turn
+    store_factory.let_time_pass(store, clock, GRACE + 2)
+    store.gc()
+    assert store_factory.records(store) <= 1  # the run's epoch record is gone
+    with pytest.raises(StreamCheckpointError) as caught:  # no record: never claimed
+        store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
+    assert "claim" in str(caught.value)
+    assert store.get("run-1") is None
+    latest = store.claim("run-1")  # a claim after the horizon still exceeds every epoch
+    assert latest > newer > stale
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
+    with pytest.raises(StreamCheckpointFencedError):
+        store.put(make_checkpoint(text="the finished owner", epoch=newer))
+    store.put(make_checkpoint(text="latest owner", epoch=latest))
+    got = store.get("run-1")
+    assert got is not None
+    assert (got.partial_text, got.epoch) == ("latest owner", latest)
+
+
+def test_claims_increase_across_many_collections_of_the_epoch_record(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
+    handed_out = []
+    for _ in range(6):
+        for _ in range(3):
+            handed_out.append(store.claim("run-1"))
+        store.put(make_checkpoint(epoch=handed_out[-1]))
+        store.delete("run-1", epoch=handed_out[-1])
+        store_factory.let_time_pass(store, clock, GRACE + 2)
+        store.gc()
+    assert handed_out == sorted(set(handed_out))
+    assert store.claim("run-1") > handed_out[-1]
+    for old in handed_out:
+        with pytest.raises(StreamCheckpointFencedError):
+            store.put(make_checkpoint(epoch=old))
+
+
+def test_operator_delete_lets_gc_remove_the_epoch_record_later(
+    store_factory: StoreFactory, clock: FakeClock
+) -> None:
+    store = store_factory(clock=clock, epoch_grace=GRACE)
+    baseline = store_factory.records(store)
+    one_turn(store, "run-1", finish=False)
+    store.delete("run-1")  # what `awaken-langchain checkpoints rm` does
+    store_factory.let_time_pass(store, clock, GRACE + 1)
+    store.gc()  # what `awaken-langchain checkpoints gc` does
+    assert store_factory.records(store) <= baseline + 1
+
+
+def test_epoch_grace_must_be_positive(store_factory: StoreFactory) -> None:
+    with pytest.raises(ValueError, match="epoch_grace"):
+        store_factory(epoch_grace=0)
 
 
 # -- TTL, listing, gc ------------------------------------------------------------------
@@ -599,6 +731,193 @@ def test_unusable_run_ids_are_refused_clearly(
 def test_put_of_something_else_is_refused_clearly(store: StreamCheckpointStore) -> None:
     with pytest.raises(StreamCheckpointError, match="expects a StreamCheckpoint, got dict"):
         store.put({"run_id": "run-1", "partial_text": "x"})  # type: ignore[arg-type]
+
+
+# -- signed records ----------------------------------------------------------------------
+
+KEY = "a signing key of 32 characters!"
+OTHER_KEY = "another key, also long enough..."
+
+
+def reopen(factory: StoreFactory, store: StreamCheckpointStore, **settings: object) -> Any:
+    """A store with other settings over the same records (copied for the memory store)."""
+    if factory.backend.durable:
+        return factory(**settings)
+    other = factory(**settings)
+    assert isinstance(store, DeltaCheckpointStore)
+    assert isinstance(other, DeltaCheckpointStore)
+    for run_id in store.list_run_ids():
+        loaded = store._backend_load(run_id)
+        assert loaded is not None
+        other._backend_replace(*loaded, 0)
+    return other
+
+
+def write_raw(store: StreamCheckpointStore, head: Head, text: bytes) -> None:
+    """Write a record's bytes as someone with write access to the backend could."""
+    assert isinstance(store, DeltaCheckpointStore)
+    store._backend_replace(head, text, 0)
+
+
+def load_raw(store: StreamCheckpointStore, run_id: str) -> tuple[Head, bytes]:
+    assert isinstance(store, DeltaCheckpointStore)
+    loaded = store._backend_load(run_id)
+    assert loaded is not None
+    return loaded
+
+
+def assert_refused(store: StreamCheckpointStore, run_id: str, why: str) -> None:
+    with pytest.raises(StreamCheckpointError) as caught:
+        store.get(run_id)
+    message = str(caught.value)
+    assert caught.value.run_id == run_id
+    assert "signature did not verify" in message
+    assert why in message
+    assert "signing_key" in message
+    assert SIGNING_KEY_ENV in message
+    assert not isinstance(caught.value, StreamCheckpointFencedError)
+
+
+def test_signed_records_round_trip_through_delta_writes(store_factory: StoreFactory) -> None:
+    store = store_factory(signing_key=KEY)
+    text = ""
+    for step in range(60):
+        text += f"token {step} é 中 😀 \ud800 "
+        store.put(make_checkpoint(text=text, retry_count=step % 3))
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == text
+    resumed = reopen(store_factory, store, signing_key=KEY)
+    resumed_got = resumed.get("run-1")
+    assert resumed_got is not None
+    assert resumed_got.partial_text == text
+    resumed.put(make_checkpoint(text=text + " and the end"))  # a delta after a verified read
+    again = reopen(store_factory, resumed, signing_key=KEY).get("run-1")
+    assert again is not None
+    assert again.partial_text == text + " and the end"
+
+
+def test_record_signed_with_another_key_is_refused(store_factory: StoreFactory) -> None:
+    store = store_factory(signing_key=KEY)
+    store.put(make_checkpoint(text="signed by the first key"))
+    assert_refused(reopen(store_factory, store, signing_key=OTHER_KEY), "run-1", "wrong key")
+
+
+def test_unsigned_record_is_refused_by_a_store_with_a_key(store_factory: StoreFactory) -> None:
+    store = store_factory()
+    store.put(make_checkpoint(text="written without a key"))
+    assert_refused(reopen(store_factory, store, signing_key=KEY), "run-1", "no signature")
+
+
+def test_record_with_changed_text_is_refused(store_factory: StoreFactory) -> None:
+    store = store_factory(signing_key=KEY)
+    store.put(make_checkpoint(text="Transfer 10 dollars"))
+    head, text = load_raw(store, "run-1")
+    write_raw(store, head, text.replace(b"10", b"99"))  # same length, other words
+    assert_refused(reopen(store_factory, store, signing_key=KEY), "run-1", "text was changed")
+
+
+INJECTED_CALL = {"id": "evil", "name": "transfer", "args": {"to": "attacker"}, "index": 0}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"completed_tool_calls": [INJECTED_CALL]},
+        {"complete": True},
+        {"model": "another-model"},
+        {"updated_at": 9e9},
+        {"retry_count": 0, "thread_id": "another-thread"},
+    ],
+    ids=["injected-tool-call", "complete", "model", "updated-at", "thread"],
+)
+def test_record_with_a_changed_head_is_refused(
+    store_factory: StoreFactory, change: dict[str, object]
+) -> None:
+    store = store_factory(signing_key=KEY)
+    store.put(make_checkpoint(text="Looking it up", retry_count=1))
+    head, text = load_raw(store, "run-1")
+    write_raw(
+        store,
+        Head(
+            head.run_id,
+            {**head.fields, **change},
+            head.text_bytes,
+            head.write_id,
+            head.extra,
+            head.text_sha256,
+            head.signature,
+        ),
+        text,
+    )
+    assert_refused(reopen(store_factory, store, signing_key=KEY), "run-1", "head or run id")
+
+
+def test_record_moved_to_another_run_is_refused(store_factory: StoreFactory) -> None:
+    store = store_factory(signing_key=KEY)
+    store.put(make_checkpoint("run-a", "the answer of run a"))
+    head, text = load_raw(store, "run-a")
+    moved_fields = {**head.fields, "run_id": "run-b"}
+    write_raw(
+        store,
+        Head(
+            "run-b",
+            moved_fields,
+            head.text_bytes,
+            head.write_id,
+            head.extra,
+            head.text_sha256,
+            head.signature,
+        ),
+        text,
+    )
+    reader = reopen(store_factory, store, signing_key=KEY)
+    assert_refused(reader, "run-b", "head or run id")
+    write_raw(
+        store,
+        Head(
+            "run-c",
+            head.fields,
+            head.text_bytes,
+            head.write_id,
+            head.extra,
+            head.text_sha256,
+            head.signature,
+        ),
+        text,
+    )  # not even relabelled
+    with pytest.raises(StreamCheckpointError, match="another run id"):
+        reopen(store_factory, store, signing_key=KEY).get("run-c")
+    got = reader.get("run-a")
+    assert got is not None
+    assert got.partial_text == "the answer of run a"
+
+
+def test_signing_key_comes_from_the_environment_when_not_given(
+    store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SIGNING_KEY_ENV, KEY)
+    store = store_factory()
+    store.put(make_checkpoint(text="signed through the environment"))
+    got = reopen(store_factory, store, signing_key=KEY).get("run-1")
+    assert got is not None
+    assert_refused(reopen(store_factory, store, signing_key=OTHER_KEY), "run-1", "wrong key")
+    monkeypatch.delenv(SIGNING_KEY_ENV)
+    unsigned = reopen(store_factory, store)  # a store without a key reads signed records
+    got = unsigned.get("run-1")
+    assert got is not None
+    assert got.partial_text == "signed through the environment"
+
+
+@pytest.mark.parametrize("from_env", [False, True], ids=["argument", "environment"])
+def test_short_signing_key_is_refused_naming_the_setting(
+    store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch, from_env: bool
+) -> None:
+    if from_env:
+        monkeypatch.setenv(SIGNING_KEY_ENV, "short")
+    setting = SIGNING_KEY_ENV if from_env else "signing_key"
+    with pytest.raises(ValueError, match=f"{setting} is 5 bytes long"):
+        store_factory(**({} if from_env else {"signing_key": "short"}))
 
 
 # -- async twins -----------------------------------------------------------------------

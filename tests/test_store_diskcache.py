@@ -155,10 +155,12 @@ def test_damaged_database_is_a_store_error(tmp_path: Path) -> None:
         DiskCacheStreamCheckpointStore(directory)
 
 
-def test_delete_and_gc_leave_only_epoch_counters(tmp_path: Path) -> None:
+def test_delete_and_gc_leave_only_epoch_records_until_their_grace_ends(tmp_path: Path) -> None:
     now = [1000.0]
     directory = tmp_path / "cache"
-    with DiskCacheStreamCheckpointStore(directory, ttl=10, clock=lambda: now[0]) as store:
+    with DiskCacheStreamCheckpointStore(
+        directory, ttl=10, clock=lambda: now[0], epoch_grace=100
+    ) as store:
         for run_id in ("deleted", "expired"):
             epoch = store.claim(run_id)
             text = ""
@@ -168,9 +170,27 @@ def test_delete_and_gc_leave_only_epoch_counters(tmp_path: Path) -> None:
         store.delete("deleted")
         now[0] += 11
         assert store.gc() == 1
+        with diskcache.Cache(str(directory)) as raw:
+            assert sorted(raw.iterkeys()) == [b"e\x00deleted", b"e\x00expired"]
+        now[0] += 100
+        store.gc()
+        assert store.claim("deleted") == 2  # above the floor the collected records left
     with diskcache.Cache(str(directory)) as raw:
-        keys = sorted(raw.iterkeys())
-    assert keys == [b"e\x00deleted", b"e\x00expired"]
+        assert sorted(raw.iterkeys()) == [b"e\x00deleted", b"f\x00epoch-floor"]
+        assert raw.get(b"f\x00epoch-floor") == 1
+
+
+def test_epoch_counters_of_an_older_release_are_read_and_collected(tmp_path: Path) -> None:
+    directory = tmp_path / "cache"
+    DiskCacheStreamCheckpointStore(directory).close()
+    with diskcache.Cache(str(directory)) as raw:
+        raw.set(b"e\x00run-1", 7)  # a bare integer counter, as written before epoch_grace
+    now = [1000.0]
+    with DiskCacheStreamCheckpointStore(directory, clock=lambda: now[0]) as store:
+        with pytest.raises(StreamCheckpointError):
+            store.put(StreamCheckpoint(run_id="run-1", partial_text="x", epoch=6))
+        store.gc()
+        assert store.claim("run-1") == 8
 
 
 def test_lock_held_too_long_names_the_timeout_setting(tmp_path: Path) -> None:

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from awaken_langchain import FileStreamCheckpointStore, StreamCheckpoint, StreamCheckpointError
+from awaken_langchain import (
+    DiskCacheStreamCheckpointStore,
+    FileStreamCheckpointStore,
+    StreamCheckpoint,
+    StreamCheckpointError,
+)
 from awaken_langchain.stores.file import COMPACT_SLACK
 
 
@@ -119,9 +124,10 @@ def test_backend_failure_is_a_store_error_naming_run_and_cause(tmp_path: Path) -
         assert isinstance(caught.value.cause, FileNotFoundError)
 
 
-def test_delete_and_gc_leave_only_epoch_files(tmp_path: Path) -> None:
+def test_delete_and_gc_leave_only_epoch_files_until_their_grace_ends(tmp_path: Path) -> None:
     now = [1000.0]
-    with FileStreamCheckpointStore(tmp_path, ttl=10, clock=lambda: now[0]) as store:
+    clock = lambda: now[0]  # noqa: E731
+    with FileStreamCheckpointStore(tmp_path, ttl=10, clock=clock, epoch_grace=100) as store:
         for run_id in ("deleted", "expired"):
             epoch = store.claim(run_id)
             store.put(StreamCheckpoint(run_id=run_id, partial_text="a", epoch=epoch))
@@ -129,8 +135,12 @@ def test_delete_and_gc_leave_only_epoch_files(tmp_path: Path) -> None:
         store.delete("deleted")
         now[0] += 11
         assert store.gc() == 1
-    suffixes = sorted(path.suffix or path.name for path in tmp_path.iterdir())
-    assert suffixes == [".epoch", ".epoch", ".lock"]
+        suffixes = sorted(path.suffix or path.name for path in tmp_path.iterdir())
+        assert suffixes == [".epoch", ".epoch", ".lock"]
+        now[0] += 100
+        store.gc()
+        assert sorted(path.name for path in tmp_path.iterdir()) == [".epoch-floor", ".lock"]
+        assert store.claim("deleted") == 2  # above the floor the collected files left
 
 
 def test_forked_child_takes_its_own_lock(tmp_path: Path) -> None:
@@ -151,3 +161,54 @@ def test_forked_child_takes_its_own_lock(tmp_path: Path) -> None:
         got = store.get("run-2")
         assert got is not None
         assert got.partial_text == "child"
+
+
+# -- symbolic links are never followed ----------------------------------------------------
+
+
+def test_lock_file_link_is_refused_and_its_target_never_created(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    directory.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere" / "created-by-the-store"
+    target.parent.mkdir()
+    (directory / ".lock").symlink_to(target)
+    with pytest.raises(StreamCheckpointError, match="symbolic link") as caught:
+        FileStreamCheckpointStore(directory)
+    assert str(directory / ".lock") in str(caught.value)
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("store_class", [FileStreamCheckpointStore, DiskCacheStreamCheckpointStore])
+def test_store_directory_that_is_a_link_is_refused_and_its_target_left_alone(
+    tmp_path: Path, store_class: type[FileStreamCheckpointStore | DiskCacheStreamCheckpointStore]
+) -> None:
+    target = tmp_path / "shared"
+    target.mkdir(mode=0o755)
+    target.chmod(0o755)
+    link = tmp_path / "checkpoints"
+    link.symlink_to(target, target_is_directory=True)
+    with pytest.raises(StreamCheckpointError, match="symbolic link") as caught:
+        store_class(link)
+    assert str(link) in str(caught.value)
+    assert "resolve()" in str(caught.value)
+    assert target.stat().st_mode & 0o777 == 0o755
+    assert list(target.iterdir()) == []
+
+
+def test_log_file_link_planted_in_the_store_is_never_followed(tmp_path: Path) -> None:
+    directory = tmp_path / "checkpoints"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"precious")
+    with FileStreamCheckpointStore(directory) as store:
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="abc"))
+        log = log_of(directory)
+        log.unlink()
+        log.symlink_to(victim)
+        with pytest.raises(StreamCheckpointError, match="symbolic link"):
+            store.get("run-1")
+        store.put(StreamCheckpoint(run_id="run-1", partial_text="abcdef"))  # replaces the link
+        assert not log.is_symlink()
+        got = store.get("run-1")
+        assert got is not None
+        assert got.partial_text == "abcdef"
+    assert victim.read_bytes() == b"precious"

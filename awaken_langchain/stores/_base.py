@@ -22,12 +22,66 @@ Backends implement a handful of primitives (see :class:`DeltaCheckpointStore`);
 each primitive runs atomically in the backend (a diskcache transaction, a file
 lock, a Lua script) and applies the fencing rule from :func:`check_epoch` inside
 that atomic step.
+
+Signed records
+--------------
+
+With a signing key (``signing_key=``, or ``AWAKEN_CHECKPOINT_SIGNING_KEY``),
+every head also carries ``text_sha256``, the SHA-256 of the whole encoded text,
+and ``signature``, an HMAC-SHA256 under the key of the run id, the checkpoint
+fields, the text length and ``text_sha256`` (:func:`signed_content`). The head
+thus vouches for the text, and the signature for the head and its run: a record
+changed in any byte, or moved under another run id, no longer verifies, and
+``get`` refuses it. A delta write stays cheap: the store keeps the SHA-256 state
+of the text it last wrote or read (with the remembered text), so an append
+hashes only its delta before signing the new head. Only ``get`` reads and hashes
+the whole text, to check it.
+
+Epoch records and their horizon
+-------------------------------
+
+``claim`` keeps a per-run **epoch record**: the run's counter, and the time
+until which the record must be kept. Records end, so a store returns to its
+baseline size once turns finish and ``gc`` runs:
+
+- A claim sets ``keep_until = now + epoch_grace``; a ``delete`` of the run's
+  checkpoint pushes it to ``now + epoch_grace``, and ``gc`` removing an expired
+  checkpoint to ``epoch_grace`` after that checkpoint's last write. ``gc``
+  removes a record only when the run has no checkpoint left and ``keep_until``
+  has passed: a record outlives the run's last claim, write and delete by at
+  least ``epoch_grace`` (default one hour).
+- In the same atomic step as removing a record, ``gc`` raises the store's
+  **epoch floor** to at least the record's counter; the floor never decreases.
+  A claim returns ``max(counter, floor) + 1`` (:func:`next_epoch`).
+
+Why claims stay strictly increasing forever: every epoch ever handed out for a
+run is at most its record's counter while the record exists, and at most the
+floor once it was collected. ``max(counter, floor) + 1`` exceeds them all, with
+no clock involved.
+
+Why a stale writer is still refused after its run's record was collected: a
+write must carry exactly the run's current counter. With no record the counter
+is 0, so a writer holding any claimed epoch (at least 1) is refused (as never
+claimed); once someone claims again, the new epoch exceeds the stale one and the
+writer is fenced. Only epoch 0 (a writer that never claims) passes on a run
+without a record, exactly as on a run nobody ever claimed; the grace period is
+how long a claim keeps fencing such writers out after the run's checkpoint is
+gone. Choose it longer than any writer of a finished run can still be stalled.
+
+The Redis store cannot raise a floor when its keys expire (Redis expires them
+on its own, and a cluster has no key every run's script may touch), so its floor
+is the clock; see :mod:`awaken_langchain.stores.redis`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import functools
+import hashlib
+import hmac
+import json
 import os
 import threading
 import time
@@ -56,6 +110,18 @@ HEAD_LAYOUT = 1
 
 TEXT_ENCODING = "utf-8"
 TEXT_ERRORS = "surrogatepass"
+
+SIGNING_KEY_ENV = "AWAKEN_CHECKPOINT_SIGNING_KEY"
+"""Environment variable holding the signing key when ``signing_key`` is not given."""
+
+MIN_SIGNING_KEY_BYTES = 16
+"""Shortest signing key a store accepts, in bytes (UTF-8 for a ``str`` key)."""
+
+SIGNATURE_DOMAIN = b"awaken-checkpoint-signature-v1\x00"
+"""Prefix of every signed message, so the key signs nothing else by accident."""
+
+DEFAULT_EPOCH_GRACE = 3600.0
+"""Seconds a run's epoch record outlives its checkpoint and its last claim (one hour)."""
 
 MEMO_LIMIT = 256
 """How many runs' last written text a store instance remembers for delta writes.
@@ -88,9 +154,71 @@ def run_id_bytes(run_id: str) -> bytes:
     return run_id.encode(TEXT_ENCODING, TEXT_ERRORS)
 
 
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+"""``open`` flag that refuses a symbolic link as the last path component (0 on Windows)."""
+
+
+def linked_path_error(path: str | os.PathLike[str]) -> StreamCheckpointError:
+    """Build the error for a symbolic link where a store expects its own file or directory."""
+    return StreamCheckpointError(
+        f"{os.fspath(path)} is a symbolic link; checkpoint stores never follow links, "
+        "which could redirect their writes and permission changes elsewhere. Remove the "
+        "link, or give the store the real directory (Path(...).resolve())"
+    )
+
+
+def open_no_follow(path: str | os.PathLike[str], flags: int, mode: int = 0o600) -> int:
+    """``os.open`` that refuses a symbolic link as the last component of ``path``.
+
+    Raises:
+        StreamCheckpointError: If ``path`` is a symbolic link.
+        OSError: On any other failure to open it.
+    """
+    try:
+        return os.open(path, flags | NO_FOLLOW, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK) and os.path.islink(path):
+            raise linked_path_error(path) from exc
+        raise
+
+
+def make_private_directory(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` (and its parents) if missing and make it private (0700).
+
+    The last component is never followed when it is a symbolic link: the mode
+    is set through a descriptor opened with ``O_NOFOLLOW``, so a link swapped
+    in after the check cannot redirect the ``chmod`` either.
+
+    Raises:
+        StreamCheckpointError: If ``path`` is a symbolic link.
+        OSError: If it cannot be created or is not a directory.
+    """
+    if os.path.islink(path):
+        raise linked_path_error(path)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    if not hasattr(os, "fchmod"):  # pragma: no cover - Windows
+        os.chmod(path, 0o700)
+        return
+    fd = open_no_follow(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+
+
 def corrupted(run_id: str, what: str) -> StreamCheckpointError:
     """Build the error for a stored record that cannot be read back."""
     return StreamCheckpointError(f"stored checkpoint is corrupted ({what})", run_id=run_id)
+
+
+def next_epoch(current: int, floor: int) -> int:
+    """The epoch a claim hands out: above the run's counter and the store's floor.
+
+    Args:
+        current: The run's counter (0 when it has no epoch record).
+        floor: At least every epoch of a record the store has removed.
+    """
+    return max(current, floor) + 1
 
 
 def check_epoch(run_id: str, epoch: int, current: int, *, action: str) -> None:
@@ -111,7 +239,9 @@ def check_epoch(run_id: str, epoch: int, current: int, *, action: str) -> None:
         raise StreamCheckpointError(
             f"{action} carries epoch {epoch}, but the run's current epoch is {current}; "
             "epochs come from claim(run_id): claim the run first and write with the "
-            "epoch it returns (or use epoch 0 on a run that is never claimed)",
+            "epoch it returns (or use epoch 0 on a run that is never claimed). A run's "
+            "epoch record is removed epoch_grace seconds after its checkpoint is gone; "
+            "a writer idle that long must claim again",
             run_id=run_id,
         )
 
@@ -126,6 +256,8 @@ class Head:
         text_bytes: Length of the encoded text, in bytes.
         write_id: Random token naming the write that produced this state.
         extra: Backend layout details (diskcache's segment sizes, ...).
+        text_sha256: Hex SHA-256 of the encoded text (signed records only).
+        signature: Hex HMAC-SHA256 of :func:`signed_content` (signed records only).
     """
 
     run_id: str
@@ -133,6 +265,8 @@ class Head:
     text_bytes: int
     write_id: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    text_sha256: str | None = None
+    signature: str | None = None
 
     @property
     def updated_at(self) -> float:
@@ -146,20 +280,22 @@ class Head:
 
     @functools.cached_property
     def _encoded(self) -> bytes:
-        return encode_json(
-            {
-                "format": HEAD_FORMAT,
-                "layout": HEAD_LAYOUT,
-                "checkpoint": dict(self.fields),
-                "text_bytes": self.text_bytes,
-                "write_id": self.write_id,
-                "extra": dict(self.extra),
-            }
-        )
+        obj = {
+            "format": HEAD_FORMAT,
+            "layout": HEAD_LAYOUT,
+            "checkpoint": dict(self.fields),
+            "text_bytes": self.text_bytes,
+            "write_id": self.write_id,
+            "extra": dict(self.extra),
+        }
+        if self.signature is not None:
+            obj["text_sha256"] = self.text_sha256
+            obj["signature"] = self.signature
+        return encode_json(obj)
 
     def with_extra(self, **extra: Any) -> Head:
         """Return a copy with backend layout details set."""
-        return Head(self.run_id, self.fields, self.text_bytes, self.write_id, extra)
+        return dataclasses.replace(self, extra=extra)
 
 
 def decode_head(data: bytes | str, *, run_id: str) -> Head:
@@ -187,12 +323,16 @@ def decode_head(data: bytes | str, *, run_id: str) -> Head:
     text_bytes = obj.get("text_bytes")
     write_id = obj.get("write_id")
     extra = obj.get("extra")
+    text_sha256 = obj.get("text_sha256")
+    signature = obj.get("signature")
     if (
         not isinstance(fields, dict)
         or type(text_bytes) is not int
         or text_bytes < 0
         or not isinstance(write_id, str)
         or not isinstance(extra, dict)
+        or not isinstance(text_sha256, str | None)
+        or not isinstance(signature, str | None)
     ):
         raise StreamCheckpointError(
             "stored checkpoint is corrupted (malformed head)", run_id=run_id
@@ -201,7 +341,47 @@ def decode_head(data: bytes | str, *, run_id: str) -> Head:
         raise StreamCheckpointError(
             "stored checkpoint is corrupted (it belongs to another run id)", run_id=run_id
         )
-    return Head(run_id, fields, text_bytes, write_id, extra)
+    return Head(run_id, fields, text_bytes, write_id, extra, text_sha256, signature)
+
+
+def signed_content(
+    run_id: str, fields: Mapping[str, Any], text_bytes: int, text_sha256: str
+) -> bytes:
+    """The bytes a record's signature covers: its run id, fields and text digest.
+
+    Canonical JSON (sorted keys), so that a head decoded from storage gives the
+    same bytes as the head that was signed.
+    """
+    content = {
+        "run_id": run_id,
+        "checkpoint": dict(fields),
+        "text_bytes": text_bytes,
+        "text_sha256": text_sha256,
+    }
+    encoded = json.dumps(content, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return SIGNATURE_DOMAIN + encoded.encode(TEXT_ENCODING, TEXT_ERRORS)
+
+
+def resolve_signing_key(signing_key: str | bytes | None) -> bytes | None:
+    """Return the store's signing key: the argument, else the environment variable.
+
+    Raises:
+        ValueError: If the key is shorter than ``MIN_SIGNING_KEY_BYTES``.
+    """
+    setting = "signing_key"
+    if signing_key is None:
+        signing_key = os.environ.get(SIGNING_KEY_ENV) or None
+        setting = SIGNING_KEY_ENV
+    if signing_key is None:
+        return None
+    key = signing_key.encode("utf-8") if isinstance(signing_key, str) else bytes(signing_key)
+    if len(key) < MIN_SIGNING_KEY_BYTES:
+        raise ValueError(
+            f"{setting} is {len(key)} bytes long; a signing key needs at least "
+            f"{MIN_SIGNING_KEY_BYTES} (make one with: python -c "
+            "'import secrets; print(secrets.token_hex(32))')"
+        )
+    return key
 
 
 def new_write_id() -> str:
@@ -244,12 +424,15 @@ class LastWrite:
         text: The full text stored at that time.
         text_bytes: Its encoded length.
         extra: The stored head's backend layout details at that time.
+        text_hash: SHA-256 state over the encoded text (signing stores only), so
+            that the next append hashes only its delta.
     """
 
     write_id: str
     text: str
     text_bytes: int
     extra: Mapping[str, Any]
+    text_hash: Any = None
 
 
 @dataclass
@@ -263,6 +446,8 @@ class PutPlan:
         fields: Every other field, with ``updated_at`` stamped by the store.
         write_id: The token naming this write.
         last: What this store instance last wrote or read for the run, if anything.
+        text_hash: SHA-256 state over the text the last step prepared (signing
+            stores only).
     """
 
     run_id: str
@@ -271,10 +456,22 @@ class PutPlan:
     fields: dict[str, Any]
     write_id: str
     last: LastWrite | None
+    text_hash: Any = None
 
 
 class DeltaCheckpointStore(StreamCheckpointStore):
     """A store that persists a head plus appendable text (see module docstring).
+
+    Args:
+        ttl: Seconds after its last write when a checkpoint expires, or ``None``.
+        max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
+        clock: Wall-clock time source, injectable for tests.
+        epoch_grace: Seconds a run's epoch record outlives the run's checkpoint
+            and its last claim (see the module docstring for why claims stay
+            strictly increasing after it is removed).
+        signing_key: Key that signs every record written and must verify every
+            record read (``None``: the ``AWAKEN_CHECKPOINT_SIGNING_KEY``
+            environment variable, if set; otherwise records are not signed).
 
     Subclasses implement the ``_backend_*`` primitives. Each one must be atomic
     with respect to other writers of the same backend, and must call
@@ -294,8 +491,16 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         ttl: float | None = None,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         clock: Callable[[], float] = time.time,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
         super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        self._signing_key = resolve_signing_key(signing_key)
+        if not epoch_grace > 0:
+            raise ValueError(
+                f"epoch_grace must be a positive number of seconds, got {epoch_grace!r}"
+            )
+        self.epoch_grace = float(epoch_grace)
         self._memo: OrderedDict[str, LastWrite] = OrderedDict()
         self._memo_lock = threading.Lock()
 
@@ -303,7 +508,11 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 
     @abstractmethod
     def _backend_claim(self, run_id: str) -> int:
-        """Atomically increment and persist the run's epoch counter; return it."""
+        """Atomically hand out the run's next epoch and persist it; return it.
+
+        The epoch is :func:`next_epoch` of the run's counter and the store's
+        floor; the record is kept until at least :meth:`_keep_until`.
+        """
 
     @abstractmethod
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
@@ -342,7 +551,8 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     ) -> bool:
         """Atomically fence (when ``epoch`` is given), then delete the run's record.
 
-        The epoch counter is kept. When ``condition`` is given, the record is
+        The epoch record is kept, until at least :meth:`_keep_until` when a
+        checkpoint was deleted. When ``condition`` is given, the record is
         deleted only if its decoded head satisfies it.
 
         Returns:
@@ -353,9 +563,29 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         """Yield ``(run_id, raw head)`` for every stored record."""
 
+    @abstractmethod
+    def _backend_collect_epochs(self) -> None:
+        """Remove the epoch records of runs without a checkpoint whose time has passed.
+
+        Each removal raises the store's epoch floor to at least the removed
+        counter in the same atomic step (see the module docstring).
+        """
+
     def _backend_cleanup(self) -> None:
         """Remove leftovers of interrupted writes (called by :meth:`gc`)."""
         return None
+
+    def _keep_until(self, deleted: Head | None = None) -> float:
+        """Until when an epoch record must be kept after a claim or a checkpoint's removal.
+
+        Args:
+            deleted: The head of a checkpoint ``gc`` removed as expired: the
+                record is kept ``epoch_grace`` after that checkpoint's last
+                write. ``None`` for a claim or a ``delete``: ``epoch_grace``
+                from now.
+        """
+        touched = self.clock() if deleted is None else deleted.updated_at
+        return touched + self.epoch_grace
 
     # -- the steps of put and get, shared with natively async backends ----------
 
@@ -385,6 +615,12 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             return None
         delta = encode_text(plan.text[len(last.text) :])
         head = Head(plan.run_id, plan.fields, last.text_bytes + len(delta), plan.write_id)
+        if self._signing_key is not None:
+            if last.text_hash is None:
+                return None
+            plan.text_hash = last.text_hash.copy()
+            plan.text_hash.update(delta)
+            head = self._sign(head, plan.text_hash)
         self._check_size(head)
         return head, delta
 
@@ -396,13 +632,17 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """
         data = encode_text(plan.text)
         head = Head(plan.run_id, plan.fields, len(data), plan.write_id)
+        if self._signing_key is not None:
+            plan.text_hash = hashlib.sha256(data)
+            head = self._sign(head, plan.text_hash)
         self._check_size(head)
         return head, data
 
     def _finish_put(self, plan: PutPlan, stored: Head) -> None:
         """Remember what a put wrote, for the next delta write."""
         self._remember(
-            plan.run_id, LastWrite(stored.write_id, plan.text, stored.text_bytes, stored.extra)
+            plan.run_id,
+            LastWrite(stored.write_id, plan.text, stored.text_bytes, stored.extra, plan.text_hash),
         )
 
     def _rebuild(self, run_id: str, loaded: tuple[Head, bytes] | None) -> StreamCheckpoint | None:
@@ -422,10 +662,54 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 f"the head says {head.text_bytes})",
                 run_id=run_id,
             )
+        text_hash = self._verify(head, data) if self._signing_key is not None else None
         text = decode_text(data, run_id=run_id)
         checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
-        self._remember(run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra))
+        self._remember(
+            run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra, text_hash)
+        )
         return checkpoint
+
+    # -- signatures -------------------------------------------------------------
+
+    def _signature(self, head: Head, text_sha256: str) -> str:
+        assert self._signing_key is not None
+        content = signed_content(head.run_id, head.fields, head.text_bytes, text_sha256)
+        return hmac.new(self._signing_key, content, "sha256").hexdigest()
+
+    def _sign(self, head: Head, text_hash: Any) -> Head:
+        """Return ``head`` carrying the text's digest and the signature over both."""
+        digest = text_hash.hexdigest()
+        return dataclasses.replace(
+            head, text_sha256=digest, signature=self._signature(head, digest)
+        )
+
+    def _verify(self, head: Head, data: bytes) -> Any:
+        """Check a loaded record's signature and text; return the text's SHA-256 state.
+
+        Raises:
+            StreamCheckpointError: If the record is unsigned, signed with another
+                key, or changed since it was signed (head, text or run id).
+        """
+        if head.signature is None or head.text_sha256 is None:
+            raise self._refused(head.run_id, "the record carries no signature")
+        expected = self._signature(head, head.text_sha256)
+        if not hmac.compare_digest(expected, head.signature):
+            raise self._refused(head.run_id, "wrong key, or the head or run id was changed")
+        text_hash = hashlib.sha256(data)
+        if not hmac.compare_digest(text_hash.hexdigest(), head.text_sha256):
+            raise self._refused(head.run_id, "the text was changed")
+        return text_hash
+
+    @staticmethod
+    def _refused(run_id: str, why: str) -> StreamCheckpointError:
+        return StreamCheckpointError(
+            f"stored checkpoint refused: its signature did not verify ({why}), so it was "
+            "not written by a holder of this store's signing key or was altered since; it "
+            "is not resumed. Every process sharing the store needs the same signing_key "
+            f"(or {SIGNING_KEY_ENV}); delete the checkpoint if it is not yours",
+            run_id=run_id,
+        )
 
     # -- the contract ---------------------------------------------------------
 
@@ -469,7 +753,8 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Delete the run's checkpoint; a missing checkpoint is not an error.
 
-        The run's epoch counter is kept, so later claims stay strictly larger.
+        The run's epoch record is kept for ``epoch_grace`` more seconds, and
+        later claims stay strictly larger even after it is gone.
 
         Raises:
             StreamCheckpointFencedError: If ``epoch`` is older than the run's
@@ -503,11 +788,19 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         return sorted(found)
 
     def gc(self) -> int:
-        """Remove expired checkpoints and leftovers of interrupted writes.
+        """Remove expired checkpoints, epoch records past their grace, and leftovers.
 
         Returns:
             How many expired checkpoints were removed.
         """
+        removed = self._gc_checkpoints()  # a kept record's own horizon applies without a ttl
+        with self._backend_errors("gc", None):
+            self._backend_collect_epochs()
+            self._backend_cleanup()
+        return removed
+
+    def _gc_checkpoints(self) -> int:
+        """Remove expired checkpoints; return how many."""
         removed = 0
         with self._backend_errors("gc", None):
             candidates = list(self._backend_heads())
@@ -523,8 +816,6 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                     removed += 1
             with self._memo_lock:
                 self._memo.pop(run_id, None)
-        with self._backend_errors("gc", None):
-            self._backend_cleanup()
         return removed
 
     # -- helpers for backends ---------------------------------------------------
@@ -568,14 +859,22 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 __all__ = [
     "DeltaCheckpointStore",
     "Head",
+    "DEFAULT_EPOCH_GRACE",
     "LastWrite",
     "PutPlan",
+    "SIGNING_KEY_ENV",
     "check_epoch",
     "corrupted",
     "decode_head",
     "decode_text",
     "encode_text",
+    "linked_path_error",
+    "make_private_directory",
     "new_write_id",
+    "next_epoch",
+    "open_no_follow",
     "plan_append",
+    "resolve_signing_key",
     "run_id_bytes",
+    "signed_content",
 ]

@@ -11,15 +11,19 @@ from typing import Any
 
 import diskcache
 
-from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES
+from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
+    DEFAULT_EPOCH_GRACE,
     DeltaCheckpointStore,
     Head,
     LastWrite,
     check_epoch,
     corrupted,
     decode_head,
+    make_private_directory,
+    next_epoch,
+    open_no_follow,
     plan_append,
     run_id_bytes,
 )
@@ -27,6 +31,10 @@ from awaken_langchain.stores._base import (
 _HEAD = b"h\x00"
 _EPOCH = b"e\x00"
 _SEGMENT = b"s\x00"
+_FLOOR = b"f\x00epoch-floor"
+
+_COLLECT_BATCH = 256
+"""Epoch records examined per transaction by ``gc``."""
 
 
 class _RefusedPickle(ValueError):
@@ -71,11 +79,12 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
 
     Every claim, put and delete runs in one SQLite transaction
     (``Cache.transact``), so the fencing check and the write are atomic across
-    processes. Values are JSON bytes (heads), raw UTF-8 bytes (text segments)
-    and integers (epoch counters); nothing is pickled, and a value diskcache
-    would unpickle is refused on read. Eviction is disabled (``eviction_policy
-    ="none"``): diskcache never drops a checkpoint or an epoch counter on its
-    own; expiry is this store's ``ttl`` and :meth:`gc`.
+    processes. Values are JSON bytes (heads, epoch records), raw UTF-8 bytes
+    (text segments) and one integer (the epoch floor); nothing is pickled, and
+    a value diskcache would unpickle is refused on read. Eviction is disabled
+    (``eviction_policy="none"``): diskcache never drops a checkpoint or an epoch
+    record on its own; expiry is this store's ``ttl``, ``epoch_grace`` and
+    :meth:`gc`.
 
     The directory is created private to the owner (0700).
 
@@ -86,6 +95,12 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         clock: Wall-clock time source, injectable for tests.
         timeout: Seconds a write waits for another process's transaction before
             failing with :class:`StreamCheckpointError`.
+        epoch_grace: Seconds a run's epoch record outlives its checkpoint and
+            its last claim.
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
     """
 
     def __init__(
@@ -96,18 +111,28 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         clock: Callable[[], float] = time.time,
         timeout: float = 60.0,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
-        super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        super().__init__(
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
+        )
         self.directory = Path(directory)
         self.timeout = timeout
         with self._backend_errors("open", None):
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.directory, 0o700)
+            make_private_directory(self.directory)
             # SQLite gives its -wal and -shm files the database file's mode, so the
             # database is created private before SQLite first opens it.
-            db = self.directory / diskcache.core.DBNAME
-            os.close(os.open(db, os.O_WRONLY | os.O_CREAT, 0o600))
-            os.chmod(db, 0o600)
+            fd = open_no_follow(self.directory / diskcache.core.DBNAME, os.O_WRONLY | os.O_CREAT)
+            try:
+                if hasattr(os, "fchmod"):
+                    os.fchmod(fd, 0o600)
+            finally:
+                os.close(fd)
             self._cache = diskcache.Cache(
                 str(self.directory),
                 timeout=timeout,
@@ -156,10 +181,32 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         except _RefusedPickle as exc:
             raise corrupted(run_id, "it holds a pickled value, which is never unpickled") from exc
 
+    def _epoch_record(self, run_id: str) -> tuple[int, float] | None:
+        """Return the run's epoch counter and until when it is kept, or ``None``."""
+        value = self._value(self._epoch_key(run_id), run_id)
+        if value is None:
+            return None
+        if type(value) is int and value >= 0:  # written by a release without epoch_grace
+            return value, 0.0
+        obj = decode_json(value, run_id=run_id) if type(value) is bytes else None
+        epoch = obj.get("epoch") if isinstance(obj, dict) else None
+        keep_until = obj.get("keep_until") if isinstance(obj, dict) else None
+        if type(epoch) is not int or epoch < 0 or not isinstance(keep_until, int | float):
+            raise corrupted(run_id, f"epoch record holds {type(value).__name__}, not a record")
+        return epoch, float(keep_until)
+
     def _epoch(self, run_id: str) -> int:
-        value = self._value(self._epoch_key(run_id), run_id, 0)
+        record = self._epoch_record(run_id)
+        return 0 if record is None else record[0]
+
+    def _set_epoch_record(self, run_id: str, epoch: int, keep_until: float) -> None:
+        record = encode_json({"epoch": epoch, "keep_until": keep_until})
+        self._cache.set(self._epoch_key(run_id), record)
+
+    def _epoch_floor(self) -> int:
+        value = self._value(_FLOOR, "epoch floor", 0)
         if type(value) is not int or value < 0:
-            raise corrupted(run_id, f"epoch counter holds {type(value).__name__}")
+            raise corrupted("epoch floor", f"the epoch floor holds {type(value).__name__}")
         return value
 
     def _head(self, run_id: str) -> Head | None:
@@ -203,9 +250,30 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
 
     def _backend_claim(self, run_id: str) -> int:
         with self._cache.transact():
-            epoch = self._epoch(run_id) + 1
-            self._cache.set(self._epoch_key(run_id), epoch)
+            epoch = next_epoch(self._epoch(run_id), self._epoch_floor())
+            self._set_epoch_record(run_id, epoch, self._keep_until())
         return epoch
+
+    def _backend_collect_epochs(self) -> None:
+        keys = [
+            key for key in self._cache.iterkeys() if type(key) is bytes and key.startswith(_EPOCH)
+        ]
+        for start in range(0, len(keys), _COLLECT_BATCH):
+            now = self.clock()
+            with self._cache.transact():
+                floor = old_floor = self._epoch_floor()
+                for key in keys[start : start + _COLLECT_BATCH]:
+                    run_id = key[len(_EPOCH) :].decode("utf-8", "surrogatepass")
+                    try:
+                        record = self._epoch_record(run_id)
+                    except StreamCheckpointError:
+                        continue  # unreadable: kept, and fences its run as corrupted
+                    if record is None or now <= record[1] or self._head_key(run_id) in self._cache:
+                        continue
+                    floor = max(floor, record[0])
+                    self._cache.delete(key)
+                if floor != old_floor:
+                    self._cache.set(_FLOOR, floor)
 
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         run_id = head.run_id
@@ -261,6 +329,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             key = self._head_key(run_id)
             if key not in self._cache:
                 return False
+            head = None
             if condition is not None:
                 head = self._head(run_id)
                 if head is None or not condition(head):
@@ -268,6 +337,11 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             count = self._stored_segment_count(run_id)
             self._cache.delete(key)
             self._drop_segments(run_id, 0, count)
+            with contextlib.suppress(StreamCheckpointError):  # an unreadable record stays
+                record = self._epoch_record(run_id)
+                if record is not None:
+                    keep_until = max(record[1], self._keep_until(head))
+                    self._set_epoch_record(run_id, record[0], keep_until)
         return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:

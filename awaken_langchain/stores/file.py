@@ -19,6 +19,7 @@ from pathlib import Path
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
+    DEFAULT_EPOCH_GRACE,
     MEMO_LIMIT,
     DeltaCheckpointStore,
     Head,
@@ -26,7 +27,10 @@ from awaken_langchain.stores._base import (
     check_epoch,
     corrupted,
     decode_head,
+    make_private_directory,
     new_write_id,
+    next_epoch,
+    open_no_follow,
     run_id_bytes,
 )
 
@@ -41,6 +45,7 @@ _LOG_SUFFIX = ".log"
 _EPOCH_SUFFIX = ".epoch"
 _TMP_PREFIX = ".tmp-"
 _LOCK_NAME = ".lock"
+_FLOOR_NAME = ".epoch-floor"
 
 _FRAME = struct.Struct(">4sIII")
 """Frame header: magic, head length, text delta length, CRC-32 of header lengths + payload."""
@@ -105,15 +110,19 @@ class _Log:
 class FileStreamCheckpointStore(DeltaCheckpointStore):
     """Checkpoints as files in a directory owned by one process.
 
-    Each run has a log file and an epoch file, both named by the SHA-256 of
-    the run id, so no run id (``/``, ``..``, very long ids) can name a path
-    outside the directory. The log is a sequence of checksummed frames, each a
-    head plus the text it appends: a put that extends the text appends one
-    small frame and fsyncs it; any other put (and a log grown to twice its live
-    content) writes a new log with one frame via temp file, fsync, rename and
-    directory fsync. A crash can tear only the last frame; reading stops at the
-    last intact frame, so the previous checkpoint stays readable. Files are
-    0600, the directory 0700.
+    Each run has a log file and, once claimed, an epoch file, both named by the
+    SHA-256 of the run id, so no run id (``/``, ``..``, very long ids) can name
+    a path outside the directory. An epoch file is removed by :meth:`gc`
+    ``epoch_grace`` seconds after the run's log is gone, raising the epoch
+    floor kept in ``.epoch-floor``. The store never follows a symbolic link: a
+    link in place of the directory, the lock or a run's file is refused.
+
+    The log is a sequence of checksummed frames, each a head plus the text it
+    appends: a put that extends the text appends one small frame and fsyncs it; any
+    other put (and a log grown to twice its live content) writes a new log with one
+    frame via temp file, fsync, rename and directory fsync. A crash can tear only
+    the last frame; reading stops at the last intact frame, so the previous
+    checkpoint stays readable. Files are 0600, the directory 0700.
 
     The store is meant for one owning process. Every operation also takes an
     advisory lock on ``<directory>/.lock``, so another process (an operator
@@ -126,6 +135,12 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         clock: Wall-clock time source, injectable for tests.
         fsync: Whether to fsync files and the directory (turn off only for
             throwaway data).
+        epoch_grace: Seconds a run's epoch record outlives its checkpoint and
+            its last claim.
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
     """
 
     def __init__(
@@ -136,8 +151,16 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         clock: Callable[[], float] = time.time,
         fsync: bool = True,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
-        super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        super().__init__(
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
+        )
         self.directory = Path(directory)
         self._fsync = fsync
         self._thread_lock = threading.RLock()
@@ -145,13 +168,12 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         self._lock_pid = 0
         self._cursors: OrderedDict[str, _Cursor] = OrderedDict()
         with self._backend_errors("open", None):
-            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.directory, 0o700)
+            make_private_directory(self.directory)
             self._open_lock()
 
     def _open_lock(self) -> None:
         # flock() excludes open file descriptions, so a forked child opens its own.
-        self._lock_fd = os.open(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+        self._lock_fd = open_no_follow(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT)
         self._lock_pid = os.getpid()
 
     def close(self) -> None:
@@ -194,7 +216,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     def _sync_directory(self) -> None:
         if self._fsync and sys.platform != "win32":
-            fd = os.open(self.directory, os.O_RDONLY)
+            fd = open_no_follow(self.directory, os.O_RDONLY)
             try:
                 os.fsync(fd)
             finally:
@@ -232,23 +254,59 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     @staticmethod
     def _read(path: Path) -> bytes | None:
+        """Read a file of the store, or ``None`` if it is missing; links are refused."""
+        found = FileStreamCheckpointStore._read_with_inode(path)
+        return None if found is None else found[0]
+
+    @staticmethod
+    def _read_with_inode(path: Path) -> tuple[bytes, int] | None:
         try:
-            with open(path, "rb") as handle:
-                return handle.read()
+            fd = open_no_follow(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
+        with open(fd, "rb") as handle:
+            return handle.read(), os.fstat(fd).st_ino
 
-    def _epoch(self, run_id: str) -> int:
-        raw = self._read(self._path(run_id, _EPOCH_SUFFIX))
-        if raw is None:
-            return 0
+    @staticmethod
+    def _decode_epoch_record(raw: bytes, run_id: str | None) -> tuple[str, int, float]:
+        """Decode an epoch file: its run id, counter and until when it is kept."""
         obj = decode_json(raw, run_id=run_id)
-        if not isinstance(obj, dict) or obj.get("run_id") != run_id:
+        if not isinstance(obj, dict) or not isinstance(obj.get("run_id"), str):
+            raise corrupted(run_id or "?", "epoch file names no run id")
+        if run_id is not None and obj["run_id"] != run_id:
             raise corrupted(run_id, "epoch file does not belong to this run id")
         epoch = obj.get("epoch")
-        if type(epoch) is not int or epoch < 0:
-            raise corrupted(run_id, "epoch file holds no epoch")
-        return epoch
+        keep_until = obj.get("keep_until", 0.0)  # absent: written before epoch_grace
+        if type(epoch) is not int or epoch < 0 or not isinstance(keep_until, int | float):
+            raise corrupted(obj["run_id"], "epoch file holds no epoch")
+        return obj["run_id"], epoch, float(keep_until)
+
+    def _epoch_record(self, run_id: str) -> tuple[int, float] | None:
+        raw = self._read(self._path(run_id, _EPOCH_SUFFIX))
+        if raw is None:
+            return None
+        _, epoch, keep_until = self._decode_epoch_record(raw, run_id)
+        return epoch, keep_until
+
+    def _epoch(self, run_id: str) -> int:
+        record = self._epoch_record(run_id)
+        return 0 if record is None else record[0]
+
+    def _write_epoch_record(self, run_id: str, epoch: int, keep_until: float) -> None:
+        record = {"run_id": run_id, "epoch": epoch, "keep_until": keep_until}
+        self._replace_file(self._path(run_id, _EPOCH_SUFFIX), encode_json(record))
+
+    def _epoch_floor(self) -> int:
+        raw = self._read(self.directory / _FLOOR_NAME)
+        if raw is None:
+            return 0
+        obj = decode_json(raw)
+        floor = obj.get("epoch_floor") if isinstance(obj, dict) else None
+        if type(floor) is not int or floor < 0:
+            raise StreamCheckpointError(
+                f"{self.directory / _FLOOR_NAME} is corrupted (it holds no epoch floor)"
+            )
+        return floor
 
     def _set_cursor(self, run_id: str, cursor: _Cursor | None) -> None:
         """Record (or forget) where a run's log ends; call with the lock held."""
@@ -260,23 +318,51 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     def _log(self, run_id: str) -> tuple[_Log, int] | None:
         """Read and parse the run's log; return it with the file's inode."""
-        try:
-            with open(self._path(run_id, _LOG_SUFFIX), "rb") as handle:
-                inode = os.fstat(handle.fileno()).st_ino
-                data = handle.read()
-        except FileNotFoundError:
+        found = self._read_with_inode(self._path(run_id, _LOG_SUFFIX))
+        if found is None:
             return None
+        data, inode = found
         return _Log(data, run_id=run_id), inode
 
     # -- primitives -------------------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
         with self._locked():
-            epoch = self._epoch(run_id) + 1
-            self._replace_file(
-                self._path(run_id, _EPOCH_SUFFIX), encode_json({"run_id": run_id, "epoch": epoch})
-            )
+            epoch = next_epoch(self._epoch(run_id), self._epoch_floor())
+            self._write_epoch_record(run_id, epoch, self._keep_until())
         return epoch
+
+    def _backend_collect_epochs(self) -> None:
+        now = self.clock()
+        with self._locked():
+            floor = self._epoch_floor()
+            collected = []
+            for entry in os.scandir(self.directory):
+                if not entry.name.endswith(_EPOCH_SUFFIX) or entry.is_symlink():
+                    continue
+                stem = entry.name[: -len(_EPOCH_SUFFIX)]
+                raw = self._read(Path(entry.path))
+                try:
+                    run_id, epoch, keep_until = self._decode_epoch_record(raw or b"", None)
+                except StreamCheckpointError:
+                    continue  # unreadable: kept, and fences its run as corrupted
+                if (
+                    self._stem(run_id) != stem
+                    or now <= keep_until
+                    or (self.directory / (stem + _LOG_SUFFIX)).exists()
+                ):
+                    continue
+                floor = max(floor, epoch)
+                collected.append(entry.path)
+            if not collected:
+                return
+            # The floor is durable before any record goes, so a crash in between
+            # leaves records behind, never a claim that could repeat an epoch.
+            self._replace_file(self.directory / _FLOOR_NAME, encode_json({"epoch_floor": floor}))
+            for path in collected:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+            self._sync_directory()
 
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         run_id = head.run_id
@@ -301,9 +387,9 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             if cursor.end + len(frame) > 2 * (head.text_bytes + len(head.encode())) + COMPACT_SLACK:
                 return None  # compact: the caller rewrites the log as one frame
             try:
-                fd = os.open(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
-            except FileNotFoundError:
-                return None
+                fd = open_no_follow(self._path(run_id, _LOG_SUFFIX), os.O_RDWR)
+            except (FileNotFoundError, StreamCheckpointError):
+                return None  # gone, or a link planted in its place: the rewrite replaces it
             try:
                 stat = os.fstat(fd)
                 if stat.st_ino != cursor.inode or stat.st_size != cursor.end:
@@ -352,24 +438,33 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             if epoch is not None:
                 check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
             path = self._path(run_id, _LOG_SUFFIX)
+            head = None
             if condition is not None:
                 found = self._log(run_id)
-                if found is None or not condition(decode_head(found[0].raw_head, run_id=run_id)):
+                head = None if found is None else decode_head(found[0].raw_head, run_id=run_id)
+                if head is None or not condition(head):
                     return False
             self._set_cursor(run_id, None)
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 return False
-            self._sync_directory()
+            record = None
+            with contextlib.suppress(StreamCheckpointError):  # an unreadable record stays
+                record = self._epoch_record(run_id)
+            if record is not None:  # its rename's directory fsync also covers the unlink
+                keep_until = max(record[1], self._keep_until(head))
+                self._write_epoch_record(run_id, record[0], keep_until)
+            else:
+                self._sync_directory()
         return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         found = []
         with self._locked():
             for entry in os.scandir(self.directory):
-                if not entry.name.endswith(_LOG_SUFFIX):
-                    continue
+                if not entry.name.endswith(_LOG_SUFFIX) or entry.is_symlink():
+                    continue  # not a log of this store
                 data = self._read(Path(entry.path))
                 if data is None:
                     continue

@@ -8,11 +8,13 @@ from collections.abc import Callable, Iterable
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, StreamCheckpoint
 from awaken_langchain.stores._base import (
+    DEFAULT_EPOCH_GRACE,
     DeltaCheckpointStore,
     Head,
     LastWrite,
     check_epoch,
     decode_head,
+    next_epoch,
 )
 
 
@@ -27,6 +29,12 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         ttl: Seconds after its last write when a checkpoint expires, or ``None``.
         max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
         clock: Wall-clock time source, injectable for tests.
+        epoch_grace: Seconds a run's epoch record outlives its checkpoint and
+            its last claim.
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
     """
 
     def __init__(
@@ -35,23 +43,44 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         ttl: float | None = None,
         max_checkpoint_bytes: int = DEFAULT_MAX_CHECKPOINT_BYTES,
         clock: Callable[[], float] = time.time,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
     ) -> None:
-        super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        super().__init__(
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
+        )
         self._lock = threading.Lock()
         self._heads: dict[str, bytes] = {}
         self._texts: dict[str, bytearray] = {}
         self._write_ids: dict[str, str] = {}
-        self._epochs: dict[str, int] = {}
+        self._epochs: dict[str, tuple[int, float]] = {}
+        """Per run: the epoch counter and until when the record is kept."""
+        self._epoch_floor = 0
+
+    def _epoch(self, run_id: str) -> int:
+        return self._epochs.get(run_id, (0, 0.0))[0]
 
     def _backend_claim(self, run_id: str) -> int:
         with self._lock:
-            epoch = self._epochs.get(run_id, 0) + 1
-            self._epochs[run_id] = epoch
+            epoch = next_epoch(self._epoch(run_id), self._epoch_floor)
+            self._epochs[run_id] = (epoch, self._keep_until())
             return epoch
+
+    def _backend_collect_epochs(self) -> None:
+        now = self.clock()
+        with self._lock:
+            for run_id, (epoch, keep_until) in list(self._epochs.items()):
+                if run_id not in self._heads and now > keep_until:
+                    self._epoch_floor = max(self._epoch_floor, epoch)
+                    del self._epochs[run_id]
 
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         with self._lock:
-            check_epoch(head.run_id, epoch, self._epochs.get(head.run_id, 0), action="put")
+            check_epoch(head.run_id, epoch, self._epoch(head.run_id), action="put")
             self._heads[head.run_id] = head.encode()
             self._texts[head.run_id] = bytearray(text)
             self._write_ids[head.run_id] = head.write_id
@@ -62,7 +91,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
     ) -> Head | None:
         run_id = head.run_id
         with self._lock:
-            check_epoch(run_id, epoch, self._epochs.get(run_id, 0), action="put")
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
             text = self._texts.get(run_id)
             if text is None or self._write_ids.get(run_id) != expect.write_id:
                 return None
@@ -84,15 +113,19 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
     ) -> bool:
         with self._lock:
             if epoch is not None:
-                check_epoch(run_id, epoch, self._epochs.get(run_id, 0), action="delete")
+                check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
             raw = self._heads.get(run_id)
             if raw is None:
                 return False
-            if condition is not None and not condition(decode_head(raw, run_id=run_id)):
+            head = None if condition is None else decode_head(raw, run_id=run_id)
+            if head is not None and condition is not None and not condition(head):
                 return False
             del self._heads[run_id]
             self._texts.pop(run_id, None)
             self._write_ids.pop(run_id, None)
+            record = self._epochs.get(run_id)
+            if record is not None:
+                self._epochs[run_id] = (record[0], max(record[1], self._keep_until(head)))
             return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:

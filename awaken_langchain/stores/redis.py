@@ -6,7 +6,7 @@ cluster slot and one Lua script can touch them all::
     <prefix>:{<run_id>}:head    hash: "head" (the JSON head, see stores/_base.py)
                                 and "write_id" (the write that produced it)
     <prefix>:{<run_id>}:text    string: the partial text as UTF-8, appended in place
-    <prefix>:{<run_id>}:epoch   integer: the fencing counter; never expires
+    <prefix>:{<run_id>}:epoch   integer: the fencing counter (see "Epoch horizon")
 
 Every write is one Lua script that compares the writer's epoch with the counter
 and only then touches the head and text, so a stale writer on another host is
@@ -14,6 +14,29 @@ refused even when it races the new owner. A put that extends the text sends
 only the new characters (``APPEND``), and only if the stored ``write_id`` and
 text length are still the ones the writer remembers. Checkpoint keys carry the
 store's ``ttl`` as their Redis expiry.
+
+Epoch horizon
+-------------
+
+Redis expires keys on its own, so no step of the store sees a counter go and
+could raise a floor the way the embedded stores do (stores/_base.py), and a
+cluster has no key that every run's script may touch. The floor is the clock
+instead, in milliseconds of the store's ``clock``:
+
+- ``claim`` returns ``max(counter + 1, now_ms)``;
+- every claim, put and delete sets the counter's expiry to
+  ``max(checkpoint's remaining ttl, epoch - now_ms) + epoch_grace``: the counter
+  lives while the checkpoint does (no expiry while the checkpoint has none),
+  then ``epoch_grace`` longer, and always until the clock has passed its value
+  by ``epoch_grace``.
+
+So when a counter expires, the clock of the host that last touched it reads at
+least ``counter + epoch_grace`` ms; a later claim from any host whose clock lags
+that one by less than ``epoch_grace`` (one hour by default) returns a larger
+epoch than any handed out before. A stale writer finds either no counter (its
+epoch is refused as never claimed) or a larger one (it is fenced). The
+assumption, to be kept by NTP: the clocks of the hosts sharing a store, and any
+step a clock takes backwards, stay within ``epoch_grace`` of each other.
 
 Values are JSON text encoded by this library; nothing is ever pickled.
 """
@@ -24,8 +47,7 @@ import asyncio
 import contextlib
 import math
 import time
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -50,6 +72,7 @@ from awaken_langchain.checkpoint import (
 )
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
+    DEFAULT_EPOCH_GRACE,
     DeltaCheckpointStore,
     Head,
     LastWrite,
@@ -74,12 +97,45 @@ ASYNC_MAX_CONNECTIONS = 100
 """Connections the async client of one event loop opens at most; further calls wait."""
 """``COUNT`` hint for ``SCAN``, and how many heads are fetched per round trip."""
 
+# keep_counter(head, counter, epoch, now_ms, grace_ms): set the counter's expiry
+# (see "Epoch horizon"); a missing counter is left missing.
+_KEEP_COUNTER = """
+local function keep_counter(head, counter, epoch, now, grace)
+  local left = redis.call('PTTL', head)
+  if left == -1 then
+    redis.call('PERSIST', counter)
+    return
+  end
+  if left < 0 then left = 0 end
+  if epoch - now > left then left = epoch - now end
+  redis.call('PEXPIRE', counter, string.format('%.0f', left + grace))
+end
+"""
+
+# KEYS: head, text, epoch counter; ARGV: now in ms, epoch_grace in ms.
+# Returns the new epoch, max(counter + 1, now), as a decimal string.
+_CLAIM = (
+    _KEEP_COUNTER
+    + """
+local current = tonumber(redis.call('GET', KEYS[3]) or '0')
+if not current then return redis.error_reply('epoch counter is not an integer') end
+local now = tonumber(ARGV[1])
+local epoch = math.max(current + 1, now)
+redis.call('SET', KEYS[3], string.format('%.0f', epoch))
+keep_counter(KEYS[1], KEYS[3], epoch, now, tonumber(ARGV[2]))
+return string.format('%.0f', epoch)
+"""
+)
+
 # KEYS: head, text, epoch counter
 # ARGV: epoch, mode ("replace" | "append"), head JSON, text or delta, write_id,
-#       expected write_id and text length (append only), expiry in ms ("" for none)
+#       expected write_id and text length (append only), expiry in ms ("" for none),
+#       now in ms, epoch_grace in ms
 # Returns {"ok" | "refused" (epoch differs from the counter) | "changed"
 #          (append only: the stored text is not the one expected), counter}.
-_PUT = """
+_PUT = (
+    _KEEP_COUNTER
+    + """
 local current = tonumber(redis.call('GET', KEYS[3]) or '0')
 if not current then return redis.error_reply('epoch counter is not an integer') end
 if tonumber(ARGV[1]) ~= current then return {'refused', current} end
@@ -100,8 +156,10 @@ else
   redis.call('PERSIST', KEYS[1])
   redis.call('PERSIST', KEYS[2])
 end
+keep_counter(KEYS[1], KEYS[3], current, tonumber(ARGV[9]), tonumber(ARGV[10]))
 return {'ok', current}
 """
+)
 
 # KEYS: head, text. Returns false, or {head JSON, text}: one consistent snapshot.
 _LOAD = """
@@ -111,19 +169,39 @@ return {head, redis.call('GET', KEYS[2]) or ''}
 """
 
 # KEYS: head, text, epoch counter
-# ARGV: epoch ("" deletes unconditionally), write_id ("" for any)
+# ARGV: epoch ("" deletes unconditionally), write_id ("" for any), now in ms,
+#       epoch_grace in ms
 # Returns {"ok" | "refused", counter or number of keys deleted}.
-_DELETE = """
+_DELETE = (
+    _KEEP_COUNTER
+    + """
+local current = tonumber(redis.call('GET', KEYS[3]) or '0')
 if ARGV[1] ~= '' then
-  local current = tonumber(redis.call('GET', KEYS[3]) or '0')
   if not current then return redis.error_reply('epoch counter is not an integer') end
   if tonumber(ARGV[1]) ~= current then return {'refused', current} end
 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], 'write_id') ~= ARGV[2] then
   return {'ok', 0}
 end
-return {'ok', redis.call('DEL', KEYS[1], KEYS[2])}
+local deleted = redis.call('DEL', KEYS[1], KEYS[2])
+if current then keep_counter(KEYS[1], KEYS[3], current, tonumber(ARGV[3]), tonumber(ARGV[4])) end
+return {'ok', deleted}
 """
+)
+
+# KEYS: head, epoch counter; ARGV: now in ms, epoch_grace in ms.
+# Gives a counter left without expiry by an older release an expiry, when its
+# run has no checkpoint. Returns 1 if it did.
+_ADOPT = (
+    _KEEP_COUNTER
+    + """
+if redis.call('PTTL', KEYS[2]) ~= -1 or redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local current = tonumber(redis.call('GET', KEYS[2]))
+if not current then return 0 end
+keep_counter(KEYS[1], KEYS[2], current, tonumber(ARGV[1]), tonumber(ARGV[2]))
+return 1
+"""
+)
 
 
 @dataclass
@@ -134,11 +212,22 @@ class _Client:
     put: Any
     load: Any
     delete: Any
+    claim: Any
+    adopt: Any
+    guard: AsyncGenerator[None, None] | None = None
+    """For a client the store created: what closes it when its event loop shuts down."""
 
     @classmethod
     def wrap(cls, client: Any) -> _Client:
         register = client.register_script
-        return cls(client, register(_PUT), register(_LOAD), register(_DELETE))
+        return cls(
+            client,
+            register(_PUT),
+            register(_LOAD),
+            register(_DELETE),
+            register(_CLAIM),
+            register(_ADOPT),
+        )
 
 
 def _redact(url: str) -> str:
@@ -171,17 +260,19 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     Fencing is checked inside Redis by a Lua script, so a writer whose epoch is
     stale is refused even when it races the new owner from another host.
-    ``claim`` is an ``INCR`` on a per-run counter that never expires, so epochs
-    stay strictly increasing after a delete or expiry. For counters and
-    checkpoints to survive a Redis restart too, run Redis with persistence
-    (``appendonly yes``).
+    ``claim`` returns ``max(counter + 1, now in ms)`` and the per-run counter
+    expires ``epoch_grace`` after the run's checkpoint and after the clock has
+    passed it, so epochs stay strictly increasing after a delete or expiry while
+    nothing stays in Redis forever. For counters and checkpoints to survive a
+    Redis restart too, run Redis with persistence (``appendonly yes``).
 
     Give either a ``url`` (the store creates, owns and closes its clients; the
     async methods get one ``redis.asyncio`` client per event loop) or ready
     clients (borrowed: the store never closes them). With only a sync
-    ``client``, the async methods run it in a worker thread. Async code should
-    use ``async with`` (or ``await store.aclose()``) before its event loop ends,
-    as with any ``redis.asyncio`` client, so that loop's connections are closed.
+    ``client``, the async methods run it in a worker thread. An event loop's
+    async client is closed when the loop shuts down (``asyncio.run`` does that
+    on return), or earlier by ``async with`` / ``await store.aclose()``; a store
+    used from many short-lived loops holds no connection of a loop that ended.
 
     Example:
         ```python
@@ -210,6 +301,13 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         socket_connect_timeout: Seconds to wait for a connection.
         retries: How often a command is retried after a connection error or a
             timeout (with a short jittered backoff) before the store reports it.
+        epoch_grace: Seconds a run's epoch counter outlives its checkpoint, and
+            the clock must pass the counter's value, before the counter expires
+            (see "Epoch horizon" in the module docstring).
+        signing_key: Key that signs every record this store writes and must
+            verify every record it reads; ``None`` reads the
+            ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
+            signing). See "Trust model" in the README.
         **connection_kwargs: Any other ``redis.Redis.from_url`` keyword, passed
             to the clients the store creates.
 
@@ -238,9 +336,17 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         socket_timeout: float | None = 5.0,
         socket_connect_timeout: float | None = 5.0,
         retries: int = 3,
+        epoch_grace: float = DEFAULT_EPOCH_GRACE,
+        signing_key: str | bytes | None = None,
         **connection_kwargs: Any,
     ) -> None:
-        super().__init__(ttl=ttl, max_checkpoint_bytes=max_checkpoint_bytes, clock=clock)
+        super().__init__(
+            ttl=ttl,
+            max_checkpoint_bytes=max_checkpoint_bytes,
+            clock=clock,
+            epoch_grace=epoch_grace,
+            signing_key=signing_key,
+        )
         if url is None and client is None and async_client is None:
             raise ValueError(
                 "RedisStreamCheckpointStore needs a connection: pass url='redis://host:6379/0' "
@@ -266,6 +372,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
                 "decode_responses=False (the default)"
             )
         self.prefix = prefix
+        self._grace_ms = str(math.ceil(self.epoch_grace * 1000)).encode()
         self._where = _redact(url) if url is not None else "the given Redis client"
         self._prefix_bytes = run_id_bytes(prefix)
         options: dict[str, Any] = {
@@ -304,9 +411,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         self._sync = _Client.wrap(client) if client is not None else None
         self._borrowed_async = _Client.wrap(async_client) if async_client is not None else None
-        self._loop_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Client] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._loop_clients: dict[asyncio.AbstractEventLoop, _Client] = {}
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisStreamCheckpointStore:
@@ -344,8 +449,17 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         return self._sync
 
-    def _async_client(self) -> _Client | None:
-        """Return the asyncio client for the running loop, or ``None`` to use threads."""
+    async def _async_client(self) -> _Client | None:
+        """Return the asyncio client for the running loop, or ``None`` to use threads.
+
+        A client the store creates belongs to one event loop and is closed when
+        that loop shuts down: a guard (an async generator started on the loop)
+        is finalised by ``loop.shutdown_asyncgens()``, which ``asyncio.run`` and
+        ``asyncio.Runner`` call before closing the loop, and closes the client
+        there. Clients of loops that were closed without that shutdown are
+        dropped the next time a client is created. So neither connections nor
+        event loops pile up however many loops use the store.
+        """
         if self._borrowed_async is not None:
             return self._borrowed_async
         if self.url is None:
@@ -353,6 +467,8 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         loop = asyncio.get_running_loop()
         bound = self._loop_clients.get(loop)
         if bound is None:
+            for dead in [other for other in self._loop_clients if other.is_closed()]:
+                self._loop_clients.pop(dead, None)  # closed without shutdown_asyncgens
             # A blocking pool: past its size, a call waits for a free connection
             # (up to the socket timeout) instead of failing with "Too many
             # connections", which the default pool does once more than 100
@@ -367,8 +483,23 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
             client = redis.asyncio.Redis(connection_pool=pool)
             client.auto_close_connection_pool = True  # aclose() closes the pool it owns
-            bound = self._loop_clients[loop] = _Client.wrap(client)
+            bound = _Client.wrap(client)
+            bound.guard = self._close_at_loop_shutdown(loop, bound)
+            self._loop_clients[loop] = bound
+            await anext(bound.guard)  # runs to its first yield: registers it with the loop
         return bound
+
+    async def _close_at_loop_shutdown(
+        self, loop: asyncio.AbstractEventLoop, bound: _Client
+    ) -> AsyncGenerator[None, None]:
+        """Hold ``bound`` until the loop shuts its async generators down, then close it."""
+        try:
+            yield
+        finally:
+            if self._loop_clients.get(loop) is bound:
+                del self._loop_clients[loop]
+            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
+                await bound.client.aclose()
 
     def _expiry_ms(self) -> bytes:
         return b"" if self.ttl is None else str(max(1, math.ceil(self.ttl * 1000))).encode()
@@ -401,7 +532,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             b"" if expect is None else expect.write_id.encode(),
             b"" if expect is None else str(expect.text_bytes).encode(),
             self._expiry_ms(),
+            *self._clock_args(),
         ]
+
+    def _clock_args(self) -> list[bytes]:
+        """The ``now`` and ``epoch_grace`` arguments of the scripts, in milliseconds."""
+        return [str(math.floor(self.clock() * 1000)).encode(), self._grace_ms]
 
     @staticmethod
     def _put_result(head: Head, epoch: int, reply: Any) -> Head | None:
@@ -411,11 +547,11 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             check_epoch(head.run_id, epoch, current, action="put")
         return head if status == b"ok" else None
 
-    @staticmethod
-    def _delete_args(epoch: int | None, write_id: str | None) -> list[bytes]:
+    def _delete_args(self, epoch: int | None, write_id: str | None) -> list[bytes]:
         return [
             b"" if epoch is None else str(epoch).encode(),
             b"" if write_id is None else write_id.encode(),
+            *self._clock_args(),
         ]
 
     @staticmethod
@@ -434,7 +570,15 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     # -- backend primitives (sync) ---------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
-        return int(self._client().client.incr(self._keys(run_id)[2]))
+        return int(self._client().claim(keys=self._keys(run_id), args=self._clock_args()))
+
+    def _backend_collect_epochs(self) -> None:
+        """Give counters left without expiry by an older release one; Redis does the rest."""
+        bound = self._client()
+        match = run_id_bytes(_glob_escape(self.prefix) + ":{*}:epoch")
+        for key in bound.client.scan_iter(match=match, count=_SCAN_BATCH):
+            head = bytes(key)[: -len(b"epoch")] + b"head"
+            bound.adopt(keys=[head, bytes(key)], args=self._clock_args())
 
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         reply = self._client().put(
@@ -503,16 +647,16 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def aclaim(self, run_id: str) -> int:
         """Async twin of :meth:`claim`."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().aclaim(run_id)
         check_run_id(run_id)
         with self._backend_errors("claim", run_id):
-            return int(await bound.client.incr(self._keys(run_id)[2]))
+            return int(await bound.claim(keys=self._keys(run_id), args=self._clock_args()))
 
     async def aput(self, checkpoint: StreamCheckpoint) -> None:
         """Async twin of :meth:`put`: only the new text is sent when it extends the last."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().aput(checkpoint)
         plan = self._prepare_put(checkpoint)
@@ -534,7 +678,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def aget(self, run_id: str) -> StreamCheckpoint | None:
         """Async twin of :meth:`get`."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().aget(run_id)
         check_run_id(run_id)
@@ -544,7 +688,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
 
     async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Async twin of :meth:`delete`."""
-        bound = self._async_client()
+        bound = await self._async_client()
         if bound is None:
             return await super().adelete(run_id, epoch=epoch)
         check_run_id(run_id)
@@ -564,8 +708,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     async def aclose(self) -> None:
         """Close the clients the store created, including this event loop's async one."""
         if self._owns_clients:
-            bound = self._loop_clients.pop(asyncio.get_running_loop(), None)
-            if bound is not None:
-                with self._backend_errors("close", None):
-                    await bound.client.aclose()
+            bound = self._loop_clients.get(asyncio.get_running_loop())
+            if bound is not None and bound.guard is not None:
+                await bound.guard.aclose()  # forgets and closes the loop's client
         self.close()
