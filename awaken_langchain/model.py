@@ -387,9 +387,18 @@ class RecoveringChatModel(BaseChatModel):
             _CALL.reset(token)
         if first is None:
             return
-        yield first
-        async for chunk in chunks:
-            yield chunk
+        finished = False
+        try:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+            finished = True
+        finally:
+            if not finished:  # the caller stopped reading: close the turn now, not at GC
+                close = getattr(chunks, "aclose", None)
+                if close is not None:
+                    await close()
+                await self._aflush_store()
 
     # -- tools and structured output: delegate to the inner model -------------------------
 
@@ -746,6 +755,13 @@ class RecoveringChatModel(BaseChatModel):
             writer.forget(engine.key)
         for report in reports:
             await reporter.areport(report)
+
+    async def _aflush_store(self) -> None:
+        """Wait (at most ``checkpoint_deadline``) for writes handed to the store's writer."""
+        if self.store is not None:
+            writer = writer_for(self.store)
+            with contextlib.suppress(StreamCheckpointError):
+                await writer.await_(writer.call(_nothing), self.checkpoint_deadline)
 
     async def _asettle(self, engine: TurnEngine) -> None:
         store = self.store

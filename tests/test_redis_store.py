@@ -606,11 +606,15 @@ def test_turns_of_a_wrapped_model_on_many_event_loops_leave_no_connections(
         scripts=[[*text(f"Answer number {n}, in a few tokens."), finish()] for n in range(turns)]
     )
     model = RecoveringChatModel(model=inner, store=store)
+    connections = []
     for n in range(turns):
         answer = asyncio.run(model.ainvoke(f"question {n}"))
         assert answer.content == f"Answer number {n}, in a few tokens."
+        connections.append(_connections_named(raw, name))
     gc.collect()
-    assert _connections_named(raw, name) == 0
+    # the checkpoint writer's pooled connection, whatever the number of loops
+    assert _connections_named(raw, name) <= 1
+    assert max(connections) <= 1
     assert store._loop_clients == {}
     store.close()
 
