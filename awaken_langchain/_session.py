@@ -21,7 +21,7 @@ from langchain_core.outputs import ChatGenerationChunk, LLMResult
 from rich.console import Console
 from rich.text import Text
 
-from awaken_langchain._extras import require_agents
+from awaken_langchain._extras import require_agents, visible
 from awaken_langchain.history import release_committed
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
@@ -183,13 +183,13 @@ class Screen:
         self._newline()
         self._label_due = False
         self.console.print()
-        self.console.rule(Text(title, style="bold"))
-        self.console.print(Text(detail, style="dim"))
+        self.console.rule(_shown(title, "bold"))
+        self.console.print(_shown(detail, "dim"))
 
     def user(self, text: str) -> None:
         """Show the user's message; the model's answer follows."""
         self._newline()
-        self.console.print(Text.assemble(("user  ", "bold cyan"), text))
+        self.console.print(Text.assemble(("user  ", "bold cyan"), _shown(text)))
         self._label_due = True
 
     def answer_follows(self) -> None:
@@ -201,12 +201,12 @@ class Screen:
         """Show a line of commentary."""
         self._newline()
         if text:
-            self.console.print(Text(text, style=style))
+            self.console.print(_shown(text, style))
 
     def marker(self, symbol: str, text: str, style: str) -> None:
         """Mark, on its own line, where something happened in the stream."""
         self._newline()
-        self.console.print(Text.assemble((f"  {symbol} ", style), (text, style)))
+        self.console.print(Text.assemble((f"  {symbol} ", style), _shown(text, style)))
         self._label_due = True
 
     def token(self, text: str) -> None:
@@ -215,9 +215,9 @@ class Screen:
         if self._replay > 0:
             replayed, text = text[: self._replay], text[self._replay :]
             self._replay -= len(replayed)
-            self.console.print(Text(replayed, style="dim italic"), end="", soft_wrap=True)
+            self.console.print(_shown(replayed, "dim italic"), end="", soft_wrap=True)
         if text:
-            self.console.print(Text(text), end="", soft_wrap=True)
+            self.console.print(_shown(text), end="", soft_wrap=True)
         self._column += len(text) or 1
 
     def record(self, record: Record) -> None:
@@ -267,6 +267,11 @@ class Screen:
             )
         else:
             self.marker("!", f"{name}: {data.get('message', data)}", "bold red")
+
+
+def _shown(text: str, style: str = "") -> Text:
+    """Model or user text as the terminal shows it: no markup, control characters escaped."""
+    return Text(visible(text, keep="\n\t"), style=style)
 
 
 _PLAN_ACTIONS = {
