@@ -8,6 +8,7 @@ the terminal view of a turn.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,37 @@ CHECKPOINTS_DIR = "checkpoints"
 """The checkpoint store's directory inside ``--dir``."""
 MEMORY_FILE = "memory.sqlite"
 """The LangGraph memory's database inside ``--dir``."""
+
+
+MEMORY_SIDE_FILES = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps next to a database while it writes it."""
+
+
+def private_directory(path: Path) -> Path:
+    """Create ``path`` and any missing parents private to the owner (0700), whatever the umask.
+
+    A directory that already exists keeps its mode (it may be shared on
+    purpose, like the current directory); what this package writes in it is
+    private on its own.
+    """
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, 0o700)
+    return path
+
+
+def private_database(path: Path) -> sqlite3.Connection:
+    """Open a SQLite database whose file and side files are private (0600), whatever the umask.
+
+    The file is created private before SQLite first opens it: SQLite gives its
+    -wal and -shm files the database file's mode.
+    """
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for name in (path.name, *(path.name + suffix for suffix in MEMORY_SIDE_FILES)):
+        if (path.parent / name).exists():
+            os.chmod(path.parent / name, 0o600)
+    return sqlite3.connect(path, check_same_thread=False)
 
 
 @dataclass
@@ -61,7 +93,8 @@ def assemble_agent(
 
     Args:
         directory: Holds the checkpoint store (``checkpoints/``) and the memory
-            (``memory.sqlite``); created if missing.
+            (``memory.sqlite``); created private (0700) if missing. The memory
+            database and its side files are private (0600).
         client: The provider's chat model.
         tools: The agent's tools.
         retry_policy: The wrapper's retry policy (the default when ``None``).
@@ -72,9 +105,9 @@ def assemble_agent(
     from langchain.agents import create_agent
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    directory.mkdir(parents=True, exist_ok=True)
+    private_directory(directory)
     store = DiskCacheStreamCheckpointStore(checkpoints or directory / CHECKPOINTS_DIR)
-    connection = sqlite3.connect(directory / MEMORY_FILE, check_same_thread=False)
+    connection = private_database(directory / MEMORY_FILE)
     model = RecoveringChatModel(
         model=client, store=store, retry_policy=retry_policy or RetryPolicy(), **settings
     )
