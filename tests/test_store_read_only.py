@@ -73,3 +73,13 @@ def test_read_only_open_of_no_store_names_the_path_and_creates_nothing(
     with pytest.raises(StreamCheckpointError, match="no such directory"):
         STORES[kind](tmp_path / "missing", read_only=True)
     assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("kind", sorted(STORES))
+async def test_a_read_only_store_reads_from_async_code(kind: str, tmp_path: Path) -> None:
+    with STORES[kind](tmp_path) as writer:
+        writer.put(StreamCheckpoint(run_id="run-a", partial_text="async"))
+    with STORES[kind](tmp_path, read_only=True) as reader:
+        found = await reader.aget("run-a")
+    assert found is not None
+    assert found.partial_text == "async"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -110,28 +111,34 @@ class _ReadOnlyCache:
             )
         self._disk = _PlainDisk(str(directory))
         uri = db.absolute().as_uri() + "?mode=rw"  # rw, not rwc: never creates the file
-        self._connection = sqlite3.connect(uri, uri=True, timeout=timeout, isolation_level=None)
+        self._connection = sqlite3.connect(
+            uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
         self._connection.execute("PRAGMA query_only = ON")
+        self._lock = threading.RLock()  # one connection, shared by the async twins' threads
 
     def close(self) -> None:
-        self._connection.close()
+        with self._lock:
+            self._connection.close()
 
     @contextlib.contextmanager
     def transact(self) -> Iterator[None]:
         """Read one consistent snapshot."""
-        self._connection.execute("BEGIN")
-        try:
-            yield
-        finally:
-            self._connection.execute("COMMIT")
+        with self._lock:
+            self._connection.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._connection.execute("COMMIT")
 
     def get(self, key: bytes, default: Any = None) -> Any:
         db_key, raw = self._disk.put(key)
-        row = self._connection.execute(
-            "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = ? "
-            "AND (expire_time IS NULL OR expire_time > ?)",
-            (db_key, raw, time.time()),
-        ).fetchone()
+        with self._lock:
+            row = self._connection.execute(
+                "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = ? "
+                "AND (expire_time IS NULL OR expire_time > ?)",
+                (db_key, raw, time.time()),
+            ).fetchone()
         if row is None:
             return default
         mode, filename, value = row
@@ -144,7 +151,8 @@ class _ReadOnlyCache:
         return self.get(key) is not None
 
     def key_rows(self) -> list[tuple[Any, int]]:
-        return list(self._connection.execute(_KEY_ROWS))
+        with self._lock:
+            return list(self._connection.execute(_KEY_ROWS))
 
 
 class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
