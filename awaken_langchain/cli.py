@@ -42,32 +42,58 @@ DEFAULT_DIR = Path(".awaken")
 
 STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss:// or unix:// URL"
 
-_QUERY_PASSWORD = re.compile(r"(?i)((?:^|&)password=)[^&#]*")
+_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword=)([^&#\s'\"]*)")
+"""A ``password=`` URL parameter (redis-py reads the password from one)."""
+
+_SHORTEST_MASKED = 4
+"""Passwords shorter than this are masked only where they stand in a URL, not everywhere."""
 
 
-def shown_store(spec: str) -> str:
-    """``spec`` as the command prints it: any password in a URL masked as ``***``.
+def _url_parts(spec: str) -> tuple[str, str, str, str] | None:
+    """Split a URL into scheme, user info, the rest of its location, and query plus fragment.
 
-    Works on malformed URLs too (the password of ``redis://u:pw@host:bad`` is
-    masked), and masks a ``password=`` query parameter.
+    Tolerant of malformed URLs (``redis://u:pw@host:bad``), unlike ``urlsplit``.
     """
     scheme, sep, rest = spec.partition("://")
     if not sep:
-        return visible(spec)
+        return None
     cut = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
-    location, tail = rest[:cut], rest[cut:]
-    userinfo, at, host = location.rpartition("@")
-    if at and ":" in userinfo:
-        location = f"{userinfo.partition(':')[0]}:***@{host}"
-    if tail.startswith("?"):
-        query, hash_, fragment = tail[1:].partition("#")
-        tail = "?" + _QUERY_PASSWORD.sub(r"\1***", query) + hash_ + fragment
-    return visible(f"{scheme}://{location}{tail}")
+    userinfo, _, host = rest[:cut].rpartition("@")
+    return scheme, userinfo, host, rest[cut:]
+
+
+def shown_store(spec: str) -> str:
+    """``spec`` as the command prints it: the password of a URL masked as ``***``.
+
+    Masks the user-info password and a ``password=`` parameter, also in a
+    malformed URL, and escapes hidden characters (see :func:`visible`).
+    """
+    parts = _url_parts(spec)
+    if parts is None:
+        return visible(spec)
+    scheme, userinfo, host, tail = parts
+    if ":" in userinfo:
+        userinfo = userinfo.partition(":")[0] + ":***"
+    location = f"{userinfo}@{host}" if userinfo else host
+    return visible(f"{scheme}://{location}" + _PASSWORD_PARAMETER.sub(r"\1***", tail))
 
 
 def _masked(message: str, spec: str) -> str:
-    """``message`` with any copy of ``spec`` replaced by its masked form."""
-    return message.replace(spec, shown_store(spec)) if spec else message
+    """``message`` with the passwords of ``spec`` masked, wherever they appear in it.
+
+    A store's own error may quote its URL in another form than ``spec`` (the
+    user-info password masked but not a ``password=`` parameter).
+    """
+    parts = _url_parts(spec)
+    message = message.replace(spec, shown_store(spec)) if spec else message
+    if parts is None:
+        return message
+    _, userinfo, _, tail = parts
+    secrets = [userinfo.partition(":")[2]] + [m[2] for m in _PASSWORD_PARAMETER.finditer(tail)]
+    for secret in secrets:
+        if len(secret) >= _SHORTEST_MASKED:
+            message = message.replace(secret, "***")
+    return _PASSWORD_PARAMETER.sub(r"\1***", message)
 
 
 # -- checkpoint stores by name ---------------------------------------------------------------

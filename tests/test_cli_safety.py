@@ -90,12 +90,14 @@ def test_the_redis_password_is_masked_in_every_message(redis_with_password: Redi
     wrong = url.replace(SECRET, SECRET + "-wrong")
     bad_port = f"redis://:{SECRET}@127.0.0.1:notaport/0"
     in_query = f"{redis_with_password.url_without_password}?password={SECRET}"
+    wrong_in_query = f"{wrong}?password={SECRET}-wrong"  # the store's errors mask only one
     outputs = {
         "list": run("checkpoints", "list", "--store", url),
         "list (password in the query)": run("checkpoints", "list", "--store", in_query),
         "show": run("checkpoints", "show", "run-missing", "--store", url),
         "rm": run("checkpoints", "rm", "run-missing", "--store", url),
         "wrong password": run("checkpoints", "list", "--store", wrong),
+        "wrong password in the query": run("checkpoints", "list", "--store", wrong_in_query),
         "malformed url": run("checkpoints", "list", "--store", bad_port),
     }
     for case, (_status, out) in outputs.items():
@@ -107,6 +109,8 @@ def test_the_redis_password_is_masked_in_every_message(redis_with_password: Redi
     assert outputs["rm"][0] == 1
     assert outputs["wrong password"][0] == 1  # the store failed
     assert "redis://:***@127.0.0.1" in outputs["wrong password"][1]
+    assert outputs["wrong password in the query"][0] == 1
+    assert "password=***" in outputs["wrong password in the query"][1]
     assert outputs["malformed url"][0] == 2
     assert "redis://:***@127.0.0.1:notaport/0" in outputs["malformed url"][1]
 
