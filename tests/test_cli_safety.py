@@ -437,3 +437,26 @@ def test_the_command_without_rich_says_how_to_install_it_and_exits_2(tmp_path: P
     assert len(result.stderr.splitlines()) == 1
     assert "pip install 'awaken-langchain[cli]'" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# -- chat shows names and model text literally too ----------------------------------------------
+
+
+def test_chat_shows_a_markup_thread_and_escaped_model_text_literally(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from awaken_langchain.testing import LoopbackProvider, echo_responder
+
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    out = io.StringIO()
+    console = Console(file=out, width=200, highlight=False, color_system=None)
+    with LoopbackProvider(default=echo_responder()) as server:
+        argv = ["chat", "--model", "openai:gpt-4o-mini", "--base-url", server.base_url_openai]
+        argv += ["--dir", str(tmp_path), "--thread", "[bold]t-1[/]"]
+        status = main(argv, stdin=io.StringIO(f"clear{ESC}[2Jnow\n"), console=console)
+    printed = out.getvalue()
+    assert status == 0, printed
+    assert "thread [bold]t-1[/];" in printed
+    assert "continue it with --thread [bold]t-1[/]." in printed
+    assert "You said: clear\\x1b[2Jnow" in printed
+    assert ESC not in printed
