@@ -252,6 +252,7 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
     cut, folded or shortened; every other column may fold or shrink. Records
     that cannot be read follow the table, one line each with the reason.
     """
+    from rich.segment import Segment, Segments
     from rich.table import Table
 
     cells = [_cells(row) for row in rows if "error" not in row]
@@ -266,19 +267,17 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
         )
     for row in cells:
         table.add_row(*row)
-    rendered = "\n".join(
-        "".join(segment.text for segment in line)
-        for line in console.render_lines(table, console.options, pad=False)
-    )
     # a table whose other columns have room to show something, and whose ids are whole
     roomy = console.width >= widest + _ROOM_PER_COLUMN * (len(_COLUMNS) - 1) + 4
-    if cells and roomy and all(row[0].plain in rendered for row in cells):
-        console.print(table)
+    lines = console.render_lines(table, console.options, pad=False) if cells and roomy else []
+    rendered = "\n".join("".join(segment.text for segment in line) for line in lines)
+    if lines and all(row[0].plain in rendered for row in cells):
+        console.print(Segments(segment for line in lines for segment in (*line, Segment.line())))
     else:  # no readable turn, or too narrow a terminal for a table with whole ids
         console.print(_literal(title, "bold"), soft_wrap=True)
-        for line in cells:
-            console.print(_literal("run ", "bold") + line[0], soft_wrap=True)
-            fields = zip(_COLUMNS[1:], line[1:], strict=True)
+        for row in cells:
+            console.print(_literal("run ", "bold") + row[0], soft_wrap=True)
+            fields = zip(_COLUMNS[1:], row[1:], strict=True)
             console.print(_literal("  " + ", ".join(f"{n} {cell.plain}" for n, cell in fields)))
     for unreadable in (row for row in rows if "error" in row):
         console.print(
