@@ -12,7 +12,7 @@ to lists and joined only when a checkpoint is written or a call completes.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.utils.json import parse_partial_json
 
 from awaken_langchain.checkpoint import (
     CompletedToolCall,
@@ -27,7 +28,8 @@ from awaken_langchain.checkpoint import (
     NotExecutedToolCall,
     StreamCheckpoint,
 )
-from awaken_langchain.recovery import SeamFilter
+from awaken_langchain.events import NotExecutedCall
+from awaken_langchain.recovery import INVALID_ARGS_MARKER, SeamFilter
 
 INTERRUPTED_TOOL_CALL_ERROR = (
     "This tool call was interrupted mid-stream: its arguments were cut off, so it "
@@ -37,14 +39,6 @@ MALFORMED_TOOL_CALL_ERROR = (
     "This tool call's arguments were not a complete JSON object, so it was not "
     "executed. Re-issue the call with valid JSON arguments if it is still needed."
 )
-INVALID_ARGS_MARKER = "[awaken: not executed] "
-"""Prefix given to an invalid call's raw arguments in streamed chunks.
-
-LangChain re-parses merged tool-call chunks leniently (closing cut-off JSON), so
-the raw arguments alone would turn into a valid-looking call; the marker keeps
-the call in ``invalid_tool_calls`` after any merge.
-"""
-
 _TERMINAL_KEYS = ("finish_reason", "stop_reason", "done_reason")
 _SKIPPED_KWARGS = ("tool_calls", "function_call")
 
@@ -75,6 +69,26 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def dumps_args(args: dict[str, Any]) -> str:
+    """Tool arguments as the JSON text a tool-call chunk carries."""
+    return json.dumps(args, ensure_ascii=False)
+
+
+def repairable(raw: str) -> bool:
+    """Whether LangChain's lenient merge would turn ``raw`` into valid arguments."""
+    if not raw:
+        return True
+    try:
+        return isinstance(parse_partial_json(raw), dict)
+    except Exception:
+        return False
+
+
+def streamed_invalid_args(raw: str) -> str:
+    """The arguments a streamed chunk carries for a call that will not run."""
+    return INVALID_ARGS_MARKER + raw if repairable(raw) else raw
+
+
 def strict_args(raw: str) -> dict[str, Any] | None:
     """Parse tool arguments strictly; ``None`` unless they are a whole JSON object."""
     if not raw.strip():
@@ -89,14 +103,31 @@ def strict_args(raw: str) -> dict[str, Any] | None:
 class TurnAccumulator:
     """Everything that has arrived of one assistant turn, across attempts.
 
+    Text that could still be discarded is held back, never yielded: whitespace
+    before any visible text (a restart would discard it), and, with
+    ``hold_text``, all text until the turn ends (an answer that must be one JSON
+    document is never shown in pieces that a restart would contradict).
+
     Args:
         message_id: The stable id every yielded chunk carries.
         checkpoint: A checkpoint to resume from: its text and complete tool calls
             count as already delivered; its in-flight call is dropped.
+        hold_text: Hold all text back until the turn ends.
     """
 
-    def __init__(self, message_id: str, checkpoint: StreamCheckpoint | None = None) -> None:
+    def __init__(
+        self,
+        message_id: str,
+        checkpoint: StreamCheckpoint | None = None,
+        *,
+        hold_text: bool = False,
+    ) -> None:
         self.message_id = message_id
+        self.hold_text = hold_text
+        self._held: list[str] = []
+        """Text received but not yet released (see the class docstring)."""
+        self._visible = False
+        """Whether non-whitespace text has been released."""
         self._text = ""
         self._text_parts: list[str] = []
         self.completed: list[CompletedToolCall] = []
@@ -115,6 +146,7 @@ class TurnAccumulator:
         self._removed_at_seams = 0
         if checkpoint is not None:
             self._text = checkpoint.partial_text
+            self._visible = bool(self._text.strip())
             self.completed = list(checkpoint.completed_tool_calls)
             self.invalid = list(checkpoint.invalid_tool_calls)
             self.terminal = checkpoint.complete
@@ -190,6 +222,9 @@ class TurnAccumulator:
         """Start a new request; a continuation de-duplicates its seam."""
         for call in self._open.values():
             self.discarded_chars += call.size
+        if not continuing and self._held:  # a restart: what was held back is discarded
+            self.discarded_chars += sum(len(piece) for piece in self._held)
+            self._held = []
         self._open = {}
         self._index_map = {}
         self.terminal = False
@@ -219,7 +254,7 @@ class TurnAccumulator:
             if self._seam is not None:
                 text = self._seam.feed(text)
             if text:
-                out.append(self._text_chunk(text))
+                self._emit_text(text, out)
         if calls:
             self._release_seam(out)
             for piece in calls:
@@ -237,6 +272,7 @@ class TurnAccumulator:
             self.terminal = True
         if self.terminal:
             self._release_seam(out)
+            self._release_held(out)
             for index in sorted(self._open):
                 self._close_call(self._open.pop(index), out, interrupted=False)
         self.emitted_in_attempt += len(out)
@@ -247,6 +283,24 @@ class TurnAccumulator:
         out: list[AIMessageChunk] = []
         self._release_seam(out)
         return out
+
+    def end_of_turn(self) -> list[AIMessageChunk]:
+        """Release everything held back: the turn is over and nothing more is discarded."""
+        out = self.end_of_text()
+        self._release_held(out)
+        return out
+
+    def not_executed(self) -> list[NotExecutedCall]:
+        """The turn's tool calls that will not run, with the reason."""
+        return [
+            {
+                "id": call.id,
+                "name": call.name,
+                "error": call.error,
+                "interrupted": call.error == INTERRUPTED_TOOL_CALL_ERROR,
+            }
+            for call in self.invalid
+        ]
 
     def cut_off_in_flight(self) -> NotExecutedToolCall | None:
         """Turn the in-flight call into an interrupted invalid call (plan R2)."""
@@ -266,7 +320,7 @@ class TurnAccumulator:
 
     # -- output -----------------------------------------------------------------------
 
-    def final_chunk(self, awaken: dict[str, Any]) -> AIMessageChunk:
+    def final_chunk(self, awaken: Mapping[str, Any]) -> AIMessageChunk:
         """The last chunk: usage over all attempts, metadata, invalid calls."""
         metadata = {**self.response_metadata, "awaken": awaken}
         return AIMessageChunk(
@@ -277,7 +331,7 @@ class TurnAccumulator:
             tool_call_chunks=[
                 tool_call_chunk(
                     name=call.name,
-                    args=INVALID_ARGS_MARKER + call.args,
+                    args=streamed_invalid_args(call.args),
                     id=call.id,
                     index=call.index,
                 )
@@ -286,7 +340,7 @@ class TurnAccumulator:
             chunk_position="last",
         )
 
-    def message(self, awaken: dict[str, Any] | None = None) -> AIMessage:
+    def message(self, awaken: Mapping[str, Any] | None = None) -> AIMessage:
         """The turn as a complete message (invalid calls carry their error)."""
         metadata = dict(self.response_metadata)
         if awaken is not None:
@@ -324,6 +378,8 @@ class TurnAccumulator:
             or message.chunk_position is not None
             or message.name is not None
             or self.terminal
+            or not self._visible
+            or self.hold_text
             or (self._seam is not None and self._seam.active)
         ):
             return None
@@ -340,15 +396,31 @@ class TurnAccumulator:
         message.id = self.message_id
         return message
 
-    def _text_chunk(self, text: str) -> AIMessageChunk:
+    def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:
+        """Release ``text``, or hold it back while it could still be discarded."""
+        if self.hold_text or (not self._visible and not text.strip()):
+            self._held.append(text)
+            return
+        if self._held:
+            text = "".join(self._held) + text
+            self._held = []
+        self._visible = True
         self._text_parts.append(text)
-        return AIMessageChunk(content=text, id=self.message_id)
+        out.append(AIMessageChunk(content=text, id=self.message_id))
+
+    def _release_held(self, out: list[AIMessageChunk]) -> None:
+        if self._held:
+            text = "".join(self._held)
+            self._held = []
+            self._visible = self._visible or bool(text.strip())
+            self._text_parts.append(text)
+            out.append(AIMessageChunk(content=text, id=self.message_id))
 
     def _release_seam(self, out: list[AIMessageChunk]) -> None:
         if self._seam is not None and self._seam.pending:
             text = self._seam.flush()
             if text:
-                out.append(self._text_chunk(text))
+                self._emit_text(text, out)
 
     def _feed_call(self, piece: Any, out: list[AIMessageChunk]) -> None:
         raw_index = piece.get("index")
@@ -411,9 +483,10 @@ class TurnAccumulator:
     def _merge_metadata(self, metadata: dict[str, Any] | None) -> None:
         if not metadata:
             return
-        for key, value in metadata.items():
-            if value is not None and key != "awaken":
-                self.response_metadata[key] = value
+        merged = self.response_metadata
+        for key, value in metadata.items():  # as chunk addition merges them
+            if key != "awaken" and (value is not None or key not in merged):
+                merged[key] = value
 
     def _has_terminal(self) -> bool:
         metadata = self.response_metadata

@@ -115,7 +115,7 @@ class _Capture:
     @staticmethod
     def token(run: _Run, chunk: GenerationChunk | ChatGenerationChunk | None) -> bool:
         """Feed a streamed chunk; return whether a checkpoint write is due."""
-        if not isinstance(chunk, ChatGenerationChunk):
+        if not isinstance(chunk, ChatGenerationChunk) or _closing_marker(chunk.message):
             return False
         run.tokens += 1
         run.acc.feed(chunk)
@@ -147,6 +147,23 @@ class _Capture:
             run.active = False
             return f"fenced out of run {run.key!r}; stopped checkpointing it"
         return f"checkpoint store failed for run {run.key!r}"
+
+
+def _closing_marker(message: BaseMessage) -> bool:
+    """Whether ``message`` is the empty last chunk LangChain adds when a stream ends.
+
+    ``stream()`` adds it whenever the model's generator returns, with or without
+    a finish reason, so it is no terminal signal: a stream that ended without
+    one was interrupted.
+    """
+    return (
+        isinstance(message, AIMessageChunk)
+        and message.chunk_position == "last"
+        and not message.content
+        and not message.response_metadata
+        and not message.usage_metadata
+        and not message.tool_call_chunks
+    )
 
 
 def _as_chunk(message: BaseMessage) -> AIMessageChunk:
@@ -249,11 +266,17 @@ class StreamCheckpointHandler(BaseCallbackHandler):
                 self._write(run)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        """The turn is complete: delete its checkpoint."""
+        """Delete the checkpoint of a complete turn; keep one that ended without a signal."""
         run = self._capture.pop(run_id)
-        if run is None or not run.written or not run.active:
+        if run is None or not run.active:
             return
         with run.lock:
+            if run.tokens and not run.acc.terminal:  # no finish or stop reason: interrupted
+                if self._capture.failed(run, response):
+                    self._write(run)
+                return
+            if not run.written:
+                return
             try:
                 self.store.delete(run.key, epoch=run.epoch)
             except StreamCheckpointError as exc:
@@ -339,9 +362,15 @@ class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
             await self._write(run)
 
     async def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        """The turn is complete: delete its checkpoint."""
+        """Delete the checkpoint of a complete turn; keep one that ended without a signal."""
         run = self._capture.pop(run_id)
-        if run is None or not run.written or not run.active:
+        if run is None or not run.active:
+            return
+        if run.tokens and not run.acc.terminal:  # no finish or stop reason: interrupted
+            if self._capture.failed(run, response):
+                await self._write(run)
+            return
+        if not run.written:
             return
         try:
             await self.store.adelete(run.key, epoch=run.epoch)

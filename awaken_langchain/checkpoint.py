@@ -12,15 +12,16 @@ import asyncio
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from awaken_langchain.errors import StreamCheckpointError
 
-SCHEMA_VERSION: Literal[1] = 1
-"""Version of the checkpoint JSON layout written by this release."""
+SCHEMA_VERSION: Literal[2] = 2
+"""Version of the checkpoint JSON layout written by this release (version 1 records,
+which have no ``fingerprint`` or ``keep_for``, are still read)."""
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 """Default refusal threshold for one encoded checkpoint (16 MiB)."""
@@ -93,7 +94,7 @@ class StreamCheckpoint(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = SCHEMA_VERSION
     """Layout version of this record; readers refuse versions they do not know."""
     run_id: str
     """The key of the turn: the caller's run id, or one derived from the thread and task.
@@ -104,6 +105,10 @@ class StreamCheckpoint(BaseModel):
     """The conversation thread the turn belongs to, when known."""
     model: str = ""
     """Identifier of the model the turn was requested from."""
+    fingerprint: str | None = None
+    """A digest of the request that started the turn (messages, tools, settings that
+    shape the output). A checkpoint is resumed only by the same request; ``None``
+    (a version-1 record) matches any request."""
     message_id: str | None = None
     """The stable id of the assistant message this turn produces."""
     partial_text: str = ""
@@ -119,6 +124,10 @@ class StreamCheckpoint(BaseModel):
     with its whole tool calls). A complete checkpoint holds the whole answer and is
     kept only until memory has committed it; a process that finds one returns the
     answer without a provider request. ``False`` means the turn is still in flight."""
+    keep_for: float | None = Field(default=None, gt=0)
+    """For a complete checkpoint kept until memory commits the turn: seconds after
+    ``updated_at`` when it expires whatever the store's ``ttl`` (``gc`` removes it,
+    ``get`` no longer returns it), so a turn memory never commits is not kept forever."""
     retry_count: int = Field(default=0, ge=0)
     """Retries and continuations already spent on this turn."""
     epoch: int = Field(default=0, ge=0)
@@ -292,6 +301,28 @@ class StreamCheckpointStore(ABC):
                 encoded checkpoint exceeds ``max_checkpoint_bytes``.
         """
 
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        """Store several runs' checkpoints at once (group commit), each as `put` would.
+
+        One checkpoint's failure (fenced, too large) never stops the others. The
+        default puts them one by one; backends that can commit many records in
+        one transaction or round trip override it.
+
+        Returns:
+            For each checkpoint, in order, ``None`` or the error its put raised.
+        """
+        errors: list[StreamCheckpointError | None] = []
+        for checkpoint in checkpoints:
+            try:
+                self.put(checkpoint)
+            except StreamCheckpointError as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
+
     @abstractmethod
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Delete the run's checkpoint; a missing checkpoint is not an error.
@@ -330,9 +361,18 @@ class StreamCheckpointStore(ABC):
                 found.append(checkpoint)
         return found
 
-    def is_expired(self, updated_at: float) -> bool:
-        """Tell whether a record written at ``updated_at`` is past the TTL."""
-        return self.ttl is not None and self.clock() - updated_at > self.ttl
+    def is_expired(self, updated_at: float, keep_for: float | None = None) -> bool:
+        """Tell whether a record written at ``updated_at`` is past the TTL.
+
+        Args:
+            updated_at: When the record was written (store clock).
+            keep_for: The record's own horizon (``StreamCheckpoint.keep_for``),
+                applied on top of the store's ``ttl``.
+        """
+        age = self.clock() - updated_at
+        if keep_for is not None and age > keep_for:
+            return True
+        return self.ttl is not None and age > self.ttl
 
     def close(self) -> None:
         """Release resources held by the store (no-op by default)."""

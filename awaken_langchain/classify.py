@@ -10,7 +10,10 @@ of the exception only, never from its message text:
    `StreamEndedEarlyError`, `StreamInterruptedError`);
 3. a specific provider error ``type`` or ``code`` in the error body
    (``overloaded_error`` even inside an HTTP 200 stream, ``insufficient_quota``,
-   ``context_length_exceeded``, ``content_policy_violation``, ...);
+   ``context_length_exceeded``, ``content_policy_violation``, ...), or in the
+   OpenAI Responses stream event an integration raised on (langchain-openai
+   raises a bare ``ValueError`` for an ``error`` or ``response.failed`` event;
+   the event object, still held by the raising frame, carries the ``code``);
 4. langchain-core's `ModelError` classes and their ``is_retryable``;
 5. the HTTP status code;
 6. the generic provider error ``type`` (``server_error`` in an OpenAI stream,
@@ -271,6 +274,10 @@ _SPECIFIC_CODES: Mapping[str, ErrorKind] = {
     "contract_spend_limit_reached": ErrorKind.QUOTA_EXHAUSTED,
     "enforced_spend_limit_reached": ErrorKind.QUOTA_EXHAUSTED,
     "linked_organization_spend_limit_reached": ErrorKind.QUOTA_EXHAUSTED,
+    "invalid_prompt": ErrorKind.CONTENT_FILTER,  # Responses: flagged by the usage policy
+    "bio_policy": ErrorKind.CONTENT_FILTER,
+    "misalignment_policy_violation": ErrorKind.CONTENT_FILTER,
+    "vector_store_timeout": ErrorKind.TIMEOUT,
 }
 """Provider error codes that identify a failure more precisely than its status."""
 
@@ -435,6 +442,38 @@ def _raised_inside_provider_sdk(exc: BaseException) -> bool:
     return False
 
 
+_FAILED_EVENT_TYPES = frozenset({"error", "response.failed"})
+"""OpenAI Responses stream events that end a response with an error."""
+
+
+def _stream_event_error(exc: BaseException) -> Mapping[str, Any] | None:
+    """The error of the Responses stream event a provider integration raised on, if any.
+
+    langchain-openai raises ``ValueError`` for an ``error`` or ``response.failed``
+    event without keeping the event; the innermost provider frame of the
+    traceback still holds it. Returns ``{"code": ...}`` read from the event.
+    """
+    frame = None
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__")
+        if isinstance(module, str) and module.partition(".")[0] in _PROVIDER_FAMILIES:
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    if frame is None:
+        return None
+    for value in frame.f_locals.values():
+        if type(value).__module__.partition(".")[0] != "openai":
+            continue
+        event_type = getattr(value, "type", None)
+        if event_type not in _FAILED_EVENT_TYPES:
+            continue
+        source = value if event_type == "error" else getattr(value.response, "error", None)
+        code = getattr(source, "code", None)
+        return {"code": code} if isinstance(code, str) and code else None
+    return None
+
+
 def _next_in_chain(exc: BaseException) -> BaseException | None:
     if exc.__cause__ is not None:
         return exc.__cause__
@@ -451,6 +490,8 @@ def _next_in_chain(exc: BaseException) -> BaseException | None:
 def _facts(exc: BaseException, now: float) -> _Facts:
     headers = _headers(exc)
     error = _error_object(getattr(exc, "body", None))
+    if error is None and _status_code(exc) is None:
+        error = _stream_event_error(exc)
     provider_type = _str_attr(exc, "type") or _str_item(error, "type")
     provider_code = (
         _str_attr(exc, "code")

@@ -1,88 +1,75 @@
 """`RecoveringChatModel`: a drop-in chat model that makes a streamed turn recoverable.
 
 The wrapper calls the inner model's ``_stream``/``_astream`` directly (never
-``inner.stream()``, which would report every token twice) and owns the stream
-loop: it retries before any output, continues after partial output, releases
-tool calls only whole, and checkpoints the in-flight turn when a store is set.
-
-The turn logic lives in `_Turn` (no I/O); ``_stream`` and ``_astream`` are near
-twins that only move chunks, call the store, emit events, and sleep or await.
+``inner.stream()``, which would report every token twice). What a turn does is
+decided by the turn engine (`awaken_langchain.engine`, no I/O); ``_run`` and
+``_arun`` are twin drivers that move chunks, call the store, report events and
+sleep or await, as the engine's steps say.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import contextvars
-import logging
-import queue
-import threading
+import functools
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, cast
+from dataclasses import dataclass
+from typing import Any, cast
 
-from langchain_core.callbacks import (
-    AsyncCallbackManager,
-    AsyncCallbackManagerForLLMRun,
-    CallbackManager,
-    CallbackManagerForLLMRun,
-)
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import (
-    Runnable,
-    RunnableBinding,
-    RunnableConfig,
-    RunnableParallel,
-    RunnableSequence,
-    ensure_config,
-)
+from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
 from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import override
 
-from awaken_langchain.accumulator import INVALID_ARGS_MARKER, CheckpointCadence, TurnAccumulator
-from awaken_langchain.checkpoint import (
-    StreamCheckpoint,
-    StreamCheckpointStore,
-    model_identifier,
-)
-from awaken_langchain.errors import (
-    StreamCheckpointError,
-    StreamCheckpointFencedError,
-    StreamEndedEarlyError,
-    StreamInterruptedError,
-    StreamStalledError,
-)
+from awaken_langchain._idle import Pump, with_idle_timeout
+from awaken_langchain._rebind import replace_model, with_settings
+from awaken_langchain.accumulator import dumps_args
+from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
+from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
+from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.events import Report, Reporter
 from awaken_langchain.history import last_kept_checkpoint_key
-from awaken_langchain.recovery import (
-    DEFAULT_CONTINUATION_PROMPT,
-    Plan,
-    answer_invalid_tool_calls,
-    choose_plan,
-    continuation_messages,
-    estimate_tokens,
+from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
+from awaken_langchain.request import (
+    CallCounter,
+    call_key,
+    model_settings,
+    one_document_request,
+    request_fingerprint,
 )
-from awaken_langchain.retry import RetryPhase, RetryPolicy
+from awaken_langchain.retry import RetryPolicy
+from awaken_langchain.writer import CheckpointWriter, writer_for
 
-logger = logging.getLogger("awaken_langchain")
-
-_LANGGRAPH_CHECKPOINTER = "__pregel_checkpointer"
+_CHECKPOINTER = "__pregel_checkpointer"
 """Where LangGraph puts a graph's checkpointer in a task's ``configurable``."""
+_SCRATCHPAD = "__pregel_scratchpad"
+"""LangGraph's per-task-execution object in a task's ``configurable``."""
 _REASONING_MARKERS = ("o1", "o3", "o4", "reasoning", "thinking", "r1")
 _REASONING_KWARGS = ("reasoning_effort", "reasoning", "thinking")
+_CALLS = CallCounter()
+"""Numbers identical model calls within one LangGraph task execution."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class _CallContext:
     """What the public entry point knew about the call."""
 
     run_id: uuid.UUID
-    key: str
-    thread_id: str | None
-    config: RunnableConfig
+    key: str | None = None
+    """The key the caller chose (``checkpoint_key``, an explicit ``run_id``)."""
+    base: str | None = None
+    """``<thread_id>:<checkpoint_ns>`` inside a LangGraph task."""
+    task: object = None
+    """LangGraph's scratchpad of the task execution, shared by its model calls."""
+    thread_id: str | None = None
+    config: RunnableConfig | None = None
     in_graph_memory: bool = False
     """Whether the call runs in a LangGraph task whose graph has a checkpointer."""
 
@@ -92,472 +79,76 @@ _CALL: contextvars.ContextVar[_CallContext | None] = contextvars.ContextVar(
 )
 
 
-def _take_call_context(config: RunnableConfig | None = None) -> _CallContext:
-    """Read (and clear, for nested wrappers) the context set by the entry point."""
+def _take_call_context(
+    run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+) -> _CallContext:
+    """Read (and clear, for nested wrappers) the context set by the entry point.
+
+    Without one (``generate``/``agenerate`` called directly), the run id and
+    thread come from LangChain's run manager, when it passed one.
+    """
     ctx = _CALL.get()
     if ctx is not None:
         _CALL.set(None)
         return ctx
-    run_id = uuid.uuid4()
-    return _CallContext(run_id, str(run_id), None, config or {})
-
-
-@dataclass(slots=True)
-class _Decision:
-    action: Literal["retry", "finish", "raise"]
-    delay: float = 0.0
-    plan: Plan | None = None
-    error: BaseException | None = None
-    event: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def event_name(self) -> str:
-        """The recovery event that reports this decision."""
-        if self.action == "finish":
-            return "awaken_finish_with_tool_calls"
-        return "awaken_retry" if self.plan is Plan.RESTART else "awaken_continuation"
-
-
-class _Turn:
-    """The state and decisions of one recovering turn (no I/O)."""
-
-    def __init__(
-        self,
-        wrapper: RecoveringChatModel,
-        ctx: _CallContext,
-        messages: list[BaseMessage],
-        stop: list[str] | None,
-        kwargs: dict[str, Any],
-    ) -> None:
-        self.wrapper = wrapper
-        self.policy = wrapper.retry_policy
-        self.ctx = ctx
-        self.messages = answer_invalid_tool_calls(messages, interrupted_marker=INVALID_ARGS_MARKER)
-        self.stop = stop
-        self.kwargs = kwargs
-        self.acc = TurnAccumulator(f"lc_run--{ctx.run_id}")
-        self.model_id = wrapper._model_id()
-        self.started = self.policy.clock()
-        self.attempts = 0
-        self.retries = 0
-        self.continuations = 0
-        self.waited = 0.0
-        self.plans: list[str] = []
-        self.interruptions: list[dict[str, Any]] = []
-        self.resumed = False
-        self.continuing = False
-        self.done = False
-        self.epoch: int | None = None
-        self.checkpointing = wrapper.store is not None
-        self.checkpoint_writes = 0
-        self.cadence = CheckpointCadence(
-            every_chunks=wrapper.checkpoint_every_chunks,
-            every_seconds=wrapper.checkpoint_every_seconds,
-            clock=self.policy.clock,
+    if run_manager is not None:
+        metadata = run_manager.metadata or {}
+        thread = metadata.get("thread_id")
+        return _CallContext(
+            run_id=run_manager.run_id,
+            key=str(run_manager.run_id),
+            thread_id=str(thread) if thread is not None else None,
         )
-        keep = wrapper.keep_until_committed
-        self.keep = ctx.in_graph_memory if keep is None else keep
-        self.committed_key = last_kept_checkpoint_key(messages)
-        self.closing: StreamCheckpoint | None = None
-        self.event: dict[str, Any] = {}
-
-    # -- resume ---------------------------------------------------------------------
-
-    def resume(self, checkpoint: StreamCheckpoint | None, now: float) -> list[ChatGenerationChunk]:
-        """Adopt a stored checkpoint, if it is usable; return the chunks to replay."""
-        if checkpoint is None:
-            return []
-        reason = self._unusable(checkpoint, now)
-        if reason is not None:
-            self.wrapper._warn(self, "awaken_checkpoint_ignored", reason)
-            return []
-        if checkpoint.complete and any(m.id == checkpoint.message_id for m in self.messages):
-            logger.info("checkpoint %r is a turn memory already holds; ignoring it", self.ctx.key)
-            return []
-        self.acc = TurnAccumulator(checkpoint.message_id or self.acc.message_id, checkpoint)
-        self.resumed = True
-        out: list[AIMessageChunk] = []
-        if checkpoint.partial_text:
-            out.append(AIMessageChunk(content=checkpoint.partial_text, id=self.acc.message_id))
-        for call in checkpoint.completed_tool_calls:
-            out.append(
-                AIMessageChunk(
-                    content="",
-                    id=self.acc.message_id,
-                    tool_call_chunks=[
-                        tool_call_chunk(
-                            name=call.name,
-                            args=_dumps(call.args),
-                            id=call.id or None,
-                            index=call.index,
-                        )
-                    ],
-                )
-            )
-        if checkpoint.complete:  # finished before memory committed it: no request needed
-            self.done = True
-            resumed_as = "complete"
-        else:
-            plan = choose_plan(
-                text=checkpoint.partial_text,
-                completed_tool_calls=len(checkpoint.completed_tool_calls),
-                in_flight_tool_call=checkpoint.in_flight_tool_call is not None,
-            )
-            self.plans.append(plan.value)
-            if plan is Plan.FINISH_WITH_TOOL_CALLS:
-                self.done = True
-            else:
-                self.continuing = plan in (Plan.CONTINUE_TEXT, Plan.DROP_TOOL_AND_CONTINUE)
-            resumed_as = plan.value
-        self.event = {
-            "key": self.ctx.key,
-            "plan": resumed_as,
-            "chars": len(checkpoint.partial_text),
-            "tool_calls": len(checkpoint.completed_tool_calls),
-        }
-        return [ChatGenerationChunk(message=chunk) for chunk in out]
-
-    def _unusable(self, checkpoint: StreamCheckpoint, now: float) -> str | None:
-        if checkpoint.model and checkpoint.model != self.model_id:
-            return (
-                f"checkpoint {self.ctx.key!r} was made for model {checkpoint.model!r}, "
-                f"not {self.model_id!r}; starting the turn afresh"
-            )
-        if (
-            checkpoint.thread_id
-            and self.ctx.thread_id
-            and checkpoint.thread_id != self.ctx.thread_id
-        ):
-            return (
-                f"checkpoint {self.ctx.key!r} belongs to thread {checkpoint.thread_id!r}, "
-                f"not {self.ctx.thread_id!r}; starting the turn afresh"
-            )
-        max_age = self.wrapper.resume_max_age
-        if max_age is not None and now - checkpoint.updated_at > max_age:
-            return (
-                f"checkpoint {self.ctx.key!r} is {now - checkpoint.updated_at:.0f} s old, "
-                f"older than resume_max_age={max_age:g} s; starting the turn afresh"
-            )
-        return None
-
-    # -- attempts -------------------------------------------------------------------------
-
-    def request(self) -> list[BaseMessage]:
-        """Begin an attempt and return the messages to send."""
-        self.attempts += 1
-        self.acc.begin_attempt(continuing=self.continuing)
-        if self.continuing:
-            return continuation_messages(
-                self.messages, self.acc.text, self.wrapper.continuation_prompt
-            )
-        return self.messages
-
-    def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
-        """Feed one inner chunk; return chunks to yield and whether to checkpoint now."""
-        out = self.acc.feed(generation)
-        due = self.cadence.observe()
-        return out, due and self.checkpointing
-
-    def check_complete(self) -> None:
-        """Raise when the attempt ended without a terminal signal."""
-        if not self.acc.terminal:
-            raise StreamEndedEarlyError(chunks_received=self.acc.chunks_in_attempt)
-
-    def on_failure(self, exc: Exception) -> _Decision:
-        """Decide what to do about an interruption."""
-        text = self.acc.text
-        in_flight = self.acc.in_flight is not None
-        plan = choose_plan(
-            text=text, completed_tool_calls=len(self.acc.completed), in_flight_tool_call=in_flight
-        )
-        phase = RetryPhase.BEFORE_OUTPUT if plan is Plan.RESTART else RetryPhase.AFTER_OUTPUT
-        count = self.retries + 1 if phase is RetryPhase.BEFORE_OUTPUT else self.continuations + 1
-        if plan is Plan.FINISH_WITH_TOOL_CALLS:
-            info = self.policy.classify(exc)
-            if not info.retryable:
-                return _Decision("raise", error=exc)
-            self.plans.append(plan.value)
-            cut = self.acc.cut_off_in_flight()
-            self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
-            return _Decision(
-                "finish",
-                plan=plan,
-                event={
-                    "plan": plan.value,
-                    "cause": info.kind.value,
-                    "error": _describe(exc),
-                    "cut_off_tool_call": cut.name if cut else None,
-                },
-            )
-        decision = self.policy.should_retry(
-            exc, attempt=count, elapsed=self.policy.clock() - self.started, phase=phase
-        )
-        info = decision.error
-        if not info.retryable:
-            return _Decision("raise", error=exc)
-        self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
-        if not decision.retry:
-            partial = (
-                self.acc.message({**self.metadata(), "interrupted": True})
-                if (text or self.acc.completed)
-                else None
-            )
-            return _Decision(
-                "raise",
-                error=StreamInterruptedError(
-                    f"the streamed turn could not be recovered: {decision.reason}; "
-                    f"last failure: {_describe(exc)}",
-                    partial=partial,
-                    cause=exc,
-                    attempts=self.attempts,
-                ),
-            )
-        self.plans.append(plan.value)
-        if phase is RetryPhase.BEFORE_OUTPUT:
-            self.retries += 1
-        else:
-            self.continuations += 1
-        self.continuing = plan is not Plan.RESTART
-        self.waited += decision.delay
-        return _Decision(
-            "retry",
-            delay=decision.delay,
-            plan=plan,
-            event={
-                "plan": plan.value,
-                "cause": info.kind.value,
-                "status_code": info.status_code,
-                "retry_after": info.retry_after,
-                "delay": decision.delay,
-                "attempt": self.attempts,
-                "error": _describe(exc),
-                "chars_so_far": len(text),
-            },
-        )
-
-    # -- checkpoints ----------------------------------------------------------------------
-
-    def snapshot(self) -> StreamCheckpoint | None:
-        """The checkpoint to write now, or ``None`` when nothing changed."""
-        if not self.checkpointing or not self.cadence.dirty:
-            return None
-        self.cadence.written()
-        return self._record()
-
-    def _closing_snapshot(self) -> StreamCheckpoint | None:
-        """The complete checkpoint to keep until memory commits the turn, if kept."""
-        if not self.checkpointing or not self.keep:
-            return None
-        return self._record(complete=True)
-
-    def _record(self, *, complete: bool = False) -> StreamCheckpoint:
-        self.checkpoint_writes += 1
-        return self.acc.snapshot(
-            run_id=self.ctx.key,
-            thread_id=self.ctx.thread_id,
-            model=self.model_id,
-            retry_count=self.retries + self.continuations,
-            epoch=self.epoch or 0,
-            complete=complete,
-        )
-
-    def saved(self) -> None:
-        """A checkpoint write ended (see `CheckpointCadence.write_ended`)."""
-        self.cadence.write_ended()
-
-    def store_failed(self, exc: StreamCheckpointError) -> str:
-        """Record a store failure; a fenced writer stops checkpointing."""
-        if isinstance(exc, StreamCheckpointFencedError):
-            self.checkpointing = False
-            return f"fenced out of run {self.ctx.key!r}; stopped checkpointing this turn: {exc}"
-        return f"checkpoint store failed; the turn goes on without it: {exc}"
-
-    # -- the end ------------------------------------------------------------------------------
-
-    def metadata(self) -> dict[str, Any]:
-        """What recovery happened, for ``response_metadata["awaken"]``."""
-        regenerated = self.acc.discarded_chars + self.acc.seam_removed_chars
-        return {
-            "attempts": self.attempts,
-            "plans": list(self.plans),
-            "retries": self.retries,
-            "continuations": self.continuations,
-            "resumed": self.resumed,
-            "interruptions": list(self.interruptions),
-            "seconds_waited": round(self.waited, 6),
-            "regenerated_output_tokens": estimate_tokens(regenerated),
-            "checkpoint_key": self.ctx.key if self.wrapper.store is not None else None,
-            "checkpoint_writes": self.checkpoint_writes,
-            "checkpoint_complete": self.checkpointing and self.keep,
-        }
-
-    def close(self) -> list[AIMessageChunk]:
-        """End the turn: release held text and build the complete checkpoint to keep.
-
-        Returns the held text chunks; `finish` builds the closing chunks once the
-        complete checkpoint was written (or refused), so that the final chunk's
-        ``checkpoint_complete`` tells whether this process really kept one.
-        """
-        self.done = True
-        held = self.acc.end_of_text()
-        self.closing = self._closing_snapshot()
-        return held
-
-    def finish(self, held: list[AIMessageChunk]) -> list[ChatGenerationChunk]:
-        """The chunks that close the turn: held text, then the final chunk."""
-        out = [*held, self.acc.final_chunk(self.metadata())]
-        return [ChatGenerationChunk(message=chunk) for chunk in out]
+    return _CallContext(run_id=uuid.uuid4())
 
 
-def _dumps(args: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(args, ensure_ascii=False)
-
-
-def _release_failed(exc: StreamCheckpointError) -> str:
-    return f"could not delete the checkpoint of a turn memory has committed: {exc}"
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-class _Pump:
-    """Reads a blocking iterator in a worker thread so waits can time out."""
-
-    _ITEM, _END, _ERROR = 0, 1, 2
-
-    def __init__(self, source: Iterator[ChatGenerationChunk], timeout: float) -> None:
-        self._source = source
-        self._timeout = timeout
-        self._queue: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        context = contextvars.copy_context()
-        self._thread = threading.Thread(target=context.run, args=(self._run,), daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        put = self._queue.put
+@functools.cache
+def _streams_usage_on_request(cls: type[BaseChatModel]) -> bool:
+    """Whether ``cls._stream`` takes ``stream_usage`` (ChatOpenAI, ChatAnthropic do)."""
+    for klass in cls.__mro__:  # a subclass may pass ``*args, **kwargs`` on to its base
+        method = klass.__dict__.get("_stream")
+        if method is None:
+            continue
         try:
-            for item in self._source:
-                put((self._ITEM, item))
-                if self._stop.is_set():
-                    break
-            put((self._END, None))
-        except BaseException as exc:
-            put((self._ERROR, exc))
-        finally:
-            close = getattr(self._source, "close", None)
-            if close is not None:
-                close()
+            if "stream_usage" in inspect.signature(method).parameters:
+                return True
+        except (TypeError, ValueError):
+            return False
+    return False
 
-    def __iter__(self) -> Iterator[ChatGenerationChunk]:
-        received = 0
-        get = self._queue.get
+
+def _open_run(
+    store: StreamCheckpointStore, engine: TurnEngine
+) -> tuple[StreamCheckpoint | None, StreamCheckpointError | None]:
+    """On the writer thread: release the committed turn, claim the run, read it."""
+    released: StreamCheckpointError | None = None
+    release = engine.request.release_key
+    if release is not None:  # memory holds the previous turn now
         try:
-            while True:
-                try:
-                    kind, item = get(timeout=self._timeout)
-                except queue.Empty:
-                    raise StreamStalledError(self._timeout, received) from None
-                if kind == self._ITEM:
-                    received += 1
-                    yield item
-                elif kind == self._END:
-                    return
-                else:
-                    raise item
-        finally:
-            self._stop.set()
+            store.delete(release)
+        except StreamCheckpointError as exc:
+            released = exc
+    engine.claimed(store.claim(engine.key))
+    return store.get(engine.key), released
 
 
-class _IdleWatch:
-    """One timer for a whole stream, cancelling the task whose wait for a chunk ran too long.
-
-    A timer per wait (``asyncio.timeout`` around each read) costs about as much
-    as the chunk itself. Here each wait only records when it began; the single
-    timer, when it fires, cancels the waiting task if the current wait has
-    lasted ``timeout`` seconds, and otherwise re-arms itself for that wait's
-    deadline. Time the caller spends between reads never counts.
-    """
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.expired = False
-        self._loop = asyncio.get_running_loop()
-        self._task: asyncio.Task[Any] | None = None
-        self._since: float | None = None
-        self._handle: asyncio.TimerHandle | None = None
-
-    def begin(self) -> None:
-        """A wait for the next chunk starts now."""
-        self._task = asyncio.current_task()
-        self._since = now = self._loop.time()
-        if self._handle is None:
-            self._handle = self._loop.call_at(now + self.timeout, self._check)
-
-    def end(self) -> None:
-        """The wait is over (a chunk, the end, or an error arrived)."""
-        self._since = None
-
-    def stalled(self) -> bool:
-        """After a cancellation: whether it was this watch's, and the only one pending."""
-        return self.expired and self._task is not None and self._task.uncancel() == 0
-
-    def close(self) -> None:
-        """Stop the timer."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
-    def _check(self) -> None:
-        self._handle = None
-        if self._since is None or self._task is None:
-            return  # not waiting: the next wait arms the timer again
-        deadline = self._since + self.timeout
-        if self._loop.time() >= deadline:
-            self.expired = True
-            self._task.cancel()
-        else:
-            self._handle = self._loop.call_at(deadline, self._check)
+def _last_action(store: StreamCheckpointStore, engine: TurnEngine, step: Step) -> Any:
+    """The write (or delete) a turn waits for before it returns or raises."""
+    if step.write is not None:
+        return functools.partial(store.put, step.write)
+    return functools.partial(store.delete, engine.key, epoch=engine.epoch)
 
 
-async def _with_idle_timeout(
-    source: AsyncIterator[ChatGenerationChunk], idle_timeout: float | None
-) -> AsyncIterator[ChatGenerationChunk]:
-    """Yield from ``source``, raising `StreamStalledError` after ``idle_timeout`` idle seconds."""
-    iterator = source.__aiter__()
-    received = 0
-    watch = _IdleWatch(idle_timeout) if idle_timeout is not None else None
-    try:
-        if watch is None:
-            async for item in iterator:
-                yield item
-            return
-        while True:
-            watch.begin()
-            try:
-                item = await anext(iterator)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                if watch.stalled():
-                    raise StreamStalledError(watch.timeout, received) from None
-                raise
-            finally:
-                watch.end()
-            received += 1
-            yield item
-    finally:
-        if watch is not None:
-            watch.close()
-        close = getattr(iterator, "aclose", None)
-        if close is not None:
-            await close()
+def _nothing() -> None:
+    """A no-op for the writer thread: its result means every earlier write landed."""
+
+
+def _store_health(engine: TurnEngine, writer: CheckpointWriter, deadline: float) -> list[Report]:
+    """Tell the engine whether the run's writes are reaching the store."""
+    problem = writer.problem(engine.key, deadline)
+    if problem is not None:
+        return engine.store_failed(problem)
+    return engine.store_answered()
 
 
 def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGenerationChunk:
@@ -571,7 +162,7 @@ def _whole_message_chunk(message: BaseMessage) -> ChatGenerationChunk:
     """Turn a non-streamed inner answer into one terminal chunk."""
     ai = cast(AIMessage, message)
     calls = [
-        tool_call_chunk(name=c["name"], args=_dumps(c["args"]), id=c.get("id"), index=i)
+        tool_call_chunk(name=c["name"], args=dumps_args(c["args"]), id=c.get("id"), index=i)
         for i, c in enumerate(getattr(ai, "tool_calls", []) or [])
     ]
     return ChatGenerationChunk(
@@ -624,6 +215,12 @@ class RecoveringChatModel(BaseChatModel):
     """Write a checkpoint after at most this many chunks of output."""
     checkpoint_every_seconds: float = Field(default=0.25, gt=0)
     """Write a checkpoint when this many seconds of output are unsaved."""
+    checkpoint_deadline: float = Field(default=0.5, gt=0)
+    """Seconds a turn waits for its store when it must (opening the run, its last
+    write). Other writes never make the stream wait: a background writer commits
+    them. A store that does not answer in time degrades checkpointing with one
+    warning; the turn goes on at stream speed, and checkpointing resumes when the
+    store answers."""
     stream_idle_timeout: float | None = Field(default=60.0, gt=0)
     """Seconds without a chunk after which the stream counts as interrupted."""
     reasoning_stream_idle_timeout: float | None = Field(default=180.0, gt=0)
@@ -636,6 +233,11 @@ class RecoveringChatModel(BaseChatModel):
         default=None, exclude=True
     )
     """Derives the checkpoint key from the call's config; ``None`` uses the default."""
+    keep_max_age: float | None = Field(default=3600.0, gt=0)
+    """Seconds a kept complete checkpoint outlives its turn when memory never
+    commits it (a graph that does not store the answer as a state message): the
+    store's ``get`` then ignores it and its ``gc`` removes it. ``None`` keeps it
+    until it is released or the store's ``ttl`` ends it."""
     keep_until_committed: bool | None = None
     """Keep a finished turn's checkpoint, marked complete, until memory commits it.
 
@@ -661,7 +263,7 @@ class RecoveringChatModel(BaseChatModel):
         inner = data["model"]
         if not isinstance(inner, BaseChatModel):
             return data
-        return {k: v for k, v in data.items() if k in own} | {"model": _with_settings(inner, extra)}
+        return {k: v for k, v in data.items() if k in own} | {"model": with_settings(inner, extra)}
 
     # -- LangChain identity --------------------------------------------------------------
 
@@ -701,16 +303,18 @@ class RecoveringChatModel(BaseChatModel):
             key = self.checkpoint_key(config)
         if key is None and explicit is not None:
             key = str(explicit)
-        if key is None and thread_id is not None:
-            namespace = configurable.get("checkpoint_ns") or metadata.get("langgraph_checkpoint_ns")
-            if namespace:
-                key = f"{thread_id}:{namespace}"
-        in_graph_memory = (
-            thread_id is not None
-            and bool(configurable.get("checkpoint_ns") or metadata.get("langgraph_checkpoint_ns"))
-            and configurable.get(_LANGGRAPH_CHECKPOINTER) is not None
+        namespace = configurable.get("checkpoint_ns") or metadata.get("langgraph_checkpoint_ns")
+        base = f"{thread_id}:{namespace}" if thread_id is not None and namespace else None
+        in_graph_memory = base is not None and configurable.get(_CHECKPOINTER) is not None
+        return config, _CallContext(
+            run_id=run_id,
+            key=key,
+            base=base,
+            task=configurable.get(_SCRATCHPAD),
+            thread_id=thread_id,
+            config=config,
+            in_graph_memory=in_graph_memory,
         )
-        return config, _CallContext(run_id, key or str(run_id), thread_id, config, in_graph_memory)
 
     @override
     def invoke(
@@ -812,7 +416,7 @@ class RecoveringChatModel(BaseChatModel):
         return cast(Runnable[LanguageModelInput, Any], self._rebind(runnable))
 
     def _rebind(self, runnable: Any) -> Any:
-        replaced = _replace_model(runnable, self.model, self)
+        replaced = replace_model(runnable, self.model, self)
         if replaced is runnable and runnable is not self.model:
             raise NotImplementedError(
                 f"{type(self.model).__name__} returned a runnable in which the model could "
@@ -821,118 +425,76 @@ class RecoveringChatModel(BaseChatModel):
             )
         return replaced
 
-    # -- the turn: sync --------------------------------------------------------------------------
+    # -- one turn: what the engine is told ------------------------------------------------
 
-    def _stream(
+    def _begin(
         self,
         messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        turn = _Turn(self, _take_call_context(), messages, stop, kwargs)
-        return self._run(turn)
+        stop: list[str] | None,
+        run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool = False,
+    ) -> tuple[TurnEngine, Reporter]:
+        """Build the turn's engine and reporter.
 
-    def _run(self, turn: _Turn) -> Iterator[ChatGenerationChunk]:
-        store = self.store
-        if store is not None:
-            checkpoint = None
-            if turn.committed_key is not None:  # memory holds the previous turn now
-                try:
-                    store.delete(turn.committed_key)
-                except StreamCheckpointError as exc:
-                    self._warn(turn, "awaken_checkpoint_warning", _release_failed(exc))
-            try:
-                turn.epoch = store.claim(turn.ctx.key)
-                checkpoint = store.get(turn.ctx.key)
-            except StreamCheckpointError as exc:
-                turn.checkpointing = False
-                self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-            replay = turn.resume(checkpoint, store.clock())
-            if turn.resumed:
-                self._event(turn, "awaken_resume", turn.event)
-            yield from replay
-        while not turn.done:
-            request = turn.request()
-            try:
-                for generation in self._inner_chunks(turn, request):
-                    out, due = turn.on_chunk(generation)
-                    for chunk in out:
-                        yield _generation(chunk, generation)
-                    if due:
-                        self._save(turn)
-                turn.check_complete()
-            except Exception as exc:
-                for held in turn.acc.end_of_text():
-                    yield ChatGenerationChunk(message=held)
-                if turn.acc.terminal:  # the answer was complete; only the epilogue broke
-                    logger.info("stream failed after its terminal signal: %s", _describe(exc))
-                    break
-                decision = turn.on_failure(exc)
-                self._save(turn)
-                if decision.action == "raise":
-                    assert decision.error is not None
-                    if decision.error is exc:
-                        raise
-                    raise decision.error from exc
-                self._event(turn, decision.event_name, decision.event)
-                if decision.action == "retry":
-                    self.retry_policy.sleep(decision.delay)
-                    continue
-                break
-            break
-        tail = turn.close()
-        if store is not None and turn.checkpointing:
-            try:
-                if turn.closing is not None:  # kept until memory commits the turn
-                    store.put(turn.closing)
-                else:
-                    store.delete(turn.ctx.key, epoch=turn.epoch)
-            except StreamCheckpointError as exc:
-                self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-        yield from turn.finish(tail)
+        ``whole`` marks a call answered as one message (``invoke``): the bare
+        model would not stream it and would report its usage, so the inner model
+        is asked to stream its usage too, when it can.
+        """
+        ctx = _take_call_context(run_manager)
+        model_id = self._model_id()
+        settings = model_settings(self.model)
+        fingerprint = request_fingerprint(
+            messages, stop=stop, kwargs=kwargs, model=model_id, settings=settings
+        )
+        if ctx.key is not None:
+            key = ctx.key
+        elif ctx.base is not None:
+            occurrence = _CALLS.next(ctx.task, fingerprint) if ctx.task is not None else 0
+            key = call_key(ctx.base, fingerprint, occurrence)
+        else:
+            key = str(ctx.run_id)
+        release = last_kept_checkpoint_key(messages)
+        if release is not None and ctx.base is not None and release.startswith(f"{ctx.base}:"):
+            release = None  # an earlier call of this task: memory commits it when the task ends
+        keep = self.keep_until_committed
+        request = TurnRequest(
+            run_id=ctx.run_id,
+            key=key,
+            thread_id=ctx.thread_id,
+            messages=messages,
+            fingerprint=fingerprint,
+            stop=stop,
+            kwargs=self._usage_kwargs(kwargs) if whole else kwargs,
+            keep=ctx.in_graph_memory if keep is None else keep,
+            one_document=one_document_request(kwargs, settings),
+            release_key=release,
+        )
+        turn = TurnSettings(
+            policy=self.retry_policy,
+            model_id=model_id,
+            continuation_prompt=self.continuation_prompt,
+            checkpointing=self.store is not None,
+            every_chunks=self.checkpoint_every_chunks,
+            every_seconds=self.checkpoint_every_seconds,
+            keep_for=self.keep_max_age,
+            resume_max_age=self.resume_max_age,
+        )
+        reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
+        return TurnEngine(turn, request), reporter
 
-    def _inner_chunks(
-        self, turn: _Turn, messages: list[BaseMessage]
-    ) -> Iterator[ChatGenerationChunk]:
-        inner = self.model
-        if inner.rate_limiter is not None:
-            inner.rate_limiter.acquire(blocking=True)
-        if type(inner)._stream is BaseChatModel._stream:
-            result = inner._generate(messages, stop=turn.stop, **turn.kwargs)
-            return iter([_whole_message_chunk(result.generations[0].message)])
-        source = inner._stream(messages, stop=turn.stop, **turn.kwargs)
-        timeout = self._idle_timeout(turn.kwargs)
-        return iter(_Pump(source, timeout)) if timeout is not None else source
+    def _usage_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` asking the inner model to stream usage, when it has the setting."""
+        if "stream_usage" in kwargs or not _streams_usage_on_request(type(self.model)):
+            return kwargs
+        return {**kwargs, "stream_usage": True}
 
-    def _save(self, turn: _Turn) -> None:
-        checkpoint = turn.snapshot()
-        if checkpoint is None or self.store is None:
-            return
-        try:
-            self.store.put(checkpoint)
-        except StreamCheckpointError as exc:
-            self._warn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-        turn.saved()
-
-    def _event(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
-        logger.info("%s %s", name, data)
-        self._dispatch(turn, name, data)
-
-    def _warn(self, turn: _Turn, name: str, message: str) -> None:
-        logger.warning("%s", message)
-        self._dispatch(turn, name, {"key": turn.ctx.key, "message": message})
-
-    def _dispatch(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
-        try:
-            manager = CallbackManager.configure(*self._callback_settings(turn))
-            manager.on_custom_event(name, data, run_id=turn.ctx.run_id)
-        except Exception:  # a broken handler must not break the turn
-            logger.exception("callback failed while reporting %s", name)
-
-    def _callback_settings(self, turn: _Turn) -> tuple[Any, ...]:
+    def _callback_settings(self, ctx: _CallContext) -> tuple[Any, ...] | None:
         """Arguments of ``CallbackManager.configure`` for the call's recovery events."""
-        config = turn.ctx.config
+        config = ctx.config
+        if config is None:
+            return None
         return (
             config.get("callbacks"),
             self.callbacks,
@@ -943,6 +505,18 @@ class RecoveringChatModel(BaseChatModel):
             self.metadata,
         )
 
+    # -- the sync driver ------------------------------------------------------------------
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        engine, reporter = self._begin(messages, stop, run_manager, kwargs)
+        return self._run(engine, reporter)
+
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -950,12 +524,112 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        turn = _Turn(self, _take_call_context(), messages, stop, kwargs)
-        for _ in self._run(turn):
+        engine, reporter = self._begin(messages, stop, run_manager, kwargs, whole=True)
+        for _ in self._run(engine, reporter):
             pass
-        return ChatResult(generations=[ChatGeneration(message=turn.acc.message(turn.metadata()))])
+        return ChatResult(generations=[ChatGeneration(message=engine.message())])
 
-    # -- the turn: async (twin of the sync shell) -------------------------------------------------
+    def _run(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
+        try:
+            yield from self._turn(engine, reporter)
+        finally:
+            if not engine.done:  # the caller stopped reading: land what was handed over
+                self._settle(engine)
+
+    def _turn(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
+        yield from self._open(engine, reporter)
+        while (request := engine.next_request()) is not None:
+            try:
+                for generation in self._inner_chunks(engine, request):
+                    out, due = engine.on_chunk(generation)
+                    for chunk in out:
+                        yield _generation(chunk, generation)
+                    if due:
+                        self._store_step(engine, reporter, Step(write=engine.snapshot()))
+                engine.check_complete()
+                break
+            except Exception as exc:
+                step = engine.on_failure(exc)
+                yield from self._carry_out(engine, reporter, step)
+                if step.error is exc:
+                    raise
+                if step.error is not None:
+                    raise step.error from exc
+                if step.delay is not None:
+                    self.retry_policy.sleep(step.delay)
+        yield from self._carry_out(engine, reporter, engine.close(), closing=True)
+        yield from engine.final()
+
+    def _open(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
+        store = self.store
+        if store is None:
+            return
+        writer = writer_for(store)
+        opening = writer.call(functools.partial(_open_run, store, engine))
+        try:
+            checkpoint, released = writer.wait(opening, self.checkpoint_deadline)
+        except StreamCheckpointError as exc:
+            for report in engine.store_unavailable(exc):
+                reporter.report(report)
+            return
+        if released is not None:
+            for report in engine.release_failed(released):
+                reporter.report(report)
+        yield from self._carry_out(engine, reporter, engine.resume(checkpoint, store.clock()))
+
+    def _carry_out(
+        self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
+    ) -> Iterator[ChatGenerationChunk]:
+        yield from step.chunks
+        self._store_step(engine, reporter, step, closing=closing)
+        for report in step.reports:
+            reporter.report(report)
+
+    def _store_step(
+        self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
+    ) -> None:
+        store = self.store
+        if store is None or (step.write is None and not step.delete):
+            return
+        writer = writer_for(store)
+        if step.write is not None and not closing and step.error is None:
+            writer.submit(step.write)  # the stream goes on; the writer commits it
+            reports = _store_health(engine, writer, self.checkpoint_deadline)
+        else:  # the turn ends: its last write or delete lands before it returns
+            try:
+                last = writer.call(_last_action(store, engine, step))
+                writer.wait(last, self.checkpoint_deadline)
+            except StreamCheckpointError as exc:
+                reports = engine.store_failed(exc, closing=closing)
+            else:
+                reports = engine.store_answered()
+            writer.forget(engine.key)
+        for report in reports:
+            reporter.report(report)
+
+    def _settle(self, engine: TurnEngine) -> None:
+        store = self.store
+        if store is None or not engine.checkpointing:
+            return
+        writer = writer_for(store)
+        with contextlib.suppress(StreamCheckpointError):
+            writer.wait(writer.call(_nothing), self.checkpoint_deadline)
+        writer.forget(engine.key)
+
+    def _inner_chunks(
+        self, engine: TurnEngine, messages: list[BaseMessage]
+    ) -> Iterator[ChatGenerationChunk]:
+        inner, request = self.model, engine.request
+        if inner.rate_limiter is not None:
+            inner.rate_limiter.acquire(blocking=True)
+        if type(inner)._stream is BaseChatModel._stream:
+            result = inner._generate(messages, stop=request.stop, **request.kwargs)
+            return iter([_whole_message_chunk(result.generations[0].message)])
+        source = inner._stream(messages, stop=request.stop, **request.kwargs)
+        timeout = self._idle_timeout(request.kwargs)
+        return iter(Pump(source, timeout)) if timeout is not None else source
+
+    # -- the async driver (twin of the sync one) --------------------------------------------
 
     async def _astream(
         self,
@@ -964,110 +638,9 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        turn = _Turn(self, _take_call_context(), messages, stop, kwargs)
-        async for chunk in self._arun(turn):
+        engine, reporter = self._begin(messages, stop, run_manager, kwargs)
+        async for chunk in self._arun(engine, reporter):
             yield chunk
-
-    async def _arun(self, turn: _Turn) -> AsyncIterator[ChatGenerationChunk]:
-        store = self.store
-        if store is not None:
-            checkpoint = None
-            if turn.committed_key is not None:  # memory holds the previous turn now
-                try:
-                    await store.adelete(turn.committed_key)
-                except StreamCheckpointError as exc:
-                    await self._awarn(turn, "awaken_checkpoint_warning", _release_failed(exc))
-            try:
-                turn.epoch = await store.aclaim(turn.ctx.key)
-                checkpoint = await store.aget(turn.ctx.key)
-            except StreamCheckpointError as exc:
-                turn.checkpointing = False
-                await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-            replay = turn.resume(checkpoint, store.clock())
-            if turn.resumed:
-                await self._aevent(turn, "awaken_resume", turn.event)
-            for replayed in replay:
-                yield replayed
-        while not turn.done:
-            request = turn.request()
-            try:
-                async for generation in self._ainner_chunks(turn, request):
-                    out, due = turn.on_chunk(generation)
-                    for chunk in out:
-                        yield _generation(chunk, generation)
-                    if due:
-                        await self._asave(turn)
-                turn.check_complete()
-            except Exception as exc:
-                for held in turn.acc.end_of_text():
-                    yield ChatGenerationChunk(message=held)
-                if turn.acc.terminal:  # the answer was complete; only the epilogue broke
-                    logger.info("stream failed after its terminal signal: %s", _describe(exc))
-                    break
-                decision = turn.on_failure(exc)
-                await self._asave(turn)
-                if decision.action == "raise":
-                    assert decision.error is not None
-                    if decision.error is exc:
-                        raise
-                    raise decision.error from exc
-                await self._aevent(turn, decision.event_name, decision.event)
-                if decision.action == "retry":
-                    await self.retry_policy.async_sleep(decision.delay)
-                    continue
-                break
-            break
-        tail = turn.close()
-        if store is not None and turn.checkpointing:
-            try:
-                if turn.closing is not None:  # kept until memory commits the turn
-                    await store.aput(turn.closing)
-                else:
-                    await store.adelete(turn.ctx.key, epoch=turn.epoch)
-            except StreamCheckpointError as exc:
-                await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-        for closing_chunk in turn.finish(tail):
-            yield closing_chunk
-
-    async def _ainner_chunks(
-        self, turn: _Turn, messages: list[BaseMessage]
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        inner = self.model
-        if inner.rate_limiter is not None:
-            await inner.rate_limiter.aacquire(blocking=True)
-        cls = type(inner)
-        if cls._astream is BaseChatModel._astream and cls._stream is BaseChatModel._stream:
-            result = await inner._agenerate(messages, stop=turn.stop, **turn.kwargs)
-            yield _whole_message_chunk(result.generations[0].message)
-            return
-        source = inner._astream(messages, stop=turn.stop, **turn.kwargs)
-        async for item in _with_idle_timeout(source, self._idle_timeout(turn.kwargs)):
-            yield item
-
-    async def _asave(self, turn: _Turn) -> None:
-        checkpoint = turn.snapshot()
-        if checkpoint is None or self.store is None:
-            return
-        try:
-            await self.store.aput(checkpoint)
-        except StreamCheckpointError as exc:
-            await self._awarn(turn, "awaken_checkpoint_warning", turn.store_failed(exc))
-        turn.saved()
-
-    async def _aevent(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
-        logger.info("%s %s", name, data)
-        await self._adispatch(turn, name, data)
-
-    async def _awarn(self, turn: _Turn, name: str, message: str) -> None:
-        logger.warning("%s", message)
-        await self._adispatch(turn, name, {"key": turn.ctx.key, "message": message})
-
-    async def _adispatch(self, turn: _Turn, name: str, data: dict[str, Any]) -> None:
-        try:
-            manager = AsyncCallbackManager.configure(*self._callback_settings(turn))
-            await manager.on_custom_event(name, data, run_id=turn.ctx.run_id)
-        except Exception:  # a broken handler must not break the turn
-            logger.exception("callback failed while reporting %s", name)
 
     async def _agenerate(
         self,
@@ -1076,10 +649,127 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        turn = _Turn(self, _take_call_context(), messages, stop, kwargs)
-        async for _ in self._arun(turn):
+        engine, reporter = self._begin(messages, stop, run_manager, kwargs, whole=True)
+        async for _ in self._arun(engine, reporter):
             pass
-        return ChatResult(generations=[ChatGeneration(message=turn.acc.message(turn.metadata()))])
+        return ChatResult(generations=[ChatGeneration(message=engine.message())])
+
+    async def _arun(
+        self, engine: TurnEngine, reporter: Reporter
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        try:
+            async for chunk in self._aturn(engine, reporter):
+                yield chunk
+        finally:
+            if not engine.done:  # the caller stopped reading: land what was handed over
+                await self._asettle(engine)
+
+    async def _aturn(
+        self, engine: TurnEngine, reporter: Reporter
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async for opened in self._aopen(engine, reporter):
+            yield opened
+        while (request := engine.next_request()) is not None:
+            try:
+                async for generation in self._ainner_chunks(engine, request):
+                    out, due = engine.on_chunk(generation)
+                    for chunk in out:
+                        yield _generation(chunk, generation)
+                    if due:
+                        await self._astore_step(engine, reporter, Step(write=engine.snapshot()))
+                engine.check_complete()
+                break
+            except Exception as exc:
+                step = engine.on_failure(exc)
+                async for held in self._acarry_out(engine, reporter, step):
+                    yield held
+                if step.error is exc:
+                    raise
+                if step.error is not None:
+                    raise step.error from exc
+                if step.delay is not None:
+                    await self.retry_policy.async_sleep(step.delay)
+        async for closing in self._acarry_out(engine, reporter, engine.close(), closing=True):
+            yield closing
+        for final in engine.final():
+            yield final
+
+    async def _aopen(
+        self, engine: TurnEngine, reporter: Reporter
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        store = self.store
+        if store is None:
+            return
+        writer = writer_for(store)
+        opening = writer.call(functools.partial(_open_run, store, engine))
+        try:
+            checkpoint, released = await writer.await_(opening, self.checkpoint_deadline)
+        except StreamCheckpointError as exc:
+            for report in engine.store_unavailable(exc):
+                await reporter.areport(report)
+            return
+        if released is not None:
+            for report in engine.release_failed(released):
+                await reporter.areport(report)
+        async for replayed in self._acarry_out(
+            engine, reporter, engine.resume(checkpoint, store.clock())
+        ):
+            yield replayed
+
+    async def _acarry_out(
+        self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        for chunk in step.chunks:
+            yield chunk
+        await self._astore_step(engine, reporter, step, closing=closing)
+        for report in step.reports:
+            await reporter.areport(report)
+
+    async def _astore_step(
+        self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
+    ) -> None:
+        store = self.store
+        if store is None or (step.write is None and not step.delete):
+            return
+        writer = writer_for(store)
+        if step.write is not None and not closing and step.error is None:
+            writer.submit(step.write)  # the stream goes on; the writer commits it
+            reports = _store_health(engine, writer, self.checkpoint_deadline)
+        else:  # the turn ends: its last write or delete lands before it returns
+            try:
+                last = writer.call(_last_action(store, engine, step))
+                await writer.await_(last, self.checkpoint_deadline)
+            except StreamCheckpointError as exc:
+                reports = engine.store_failed(exc, closing=closing)
+            else:
+                reports = engine.store_answered()
+            writer.forget(engine.key)
+        for report in reports:
+            await reporter.areport(report)
+
+    async def _asettle(self, engine: TurnEngine) -> None:
+        store = self.store
+        if store is None or not engine.checkpointing:
+            return
+        writer = writer_for(store)
+        with contextlib.suppress(StreamCheckpointError):
+            await writer.await_(writer.call(_nothing), self.checkpoint_deadline)
+        writer.forget(engine.key)
+
+    async def _ainner_chunks(
+        self, engine: TurnEngine, messages: list[BaseMessage]
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        inner, request = self.model, engine.request
+        if inner.rate_limiter is not None:
+            await inner.rate_limiter.aacquire(blocking=True)
+        cls = type(inner)
+        if cls._astream is BaseChatModel._astream and cls._stream is BaseChatModel._stream:
+            result = await inner._agenerate(messages, stop=request.stop, **request.kwargs)
+            yield _whole_message_chunk(result.generations[0].message)
+            return
+        source = inner._astream(messages, stop=request.stop, **request.kwargs)
+        async for item in with_idle_timeout(source, self._idle_timeout(request.kwargs)):
+            yield item
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -1098,58 +788,6 @@ class RecoveringChatModel(BaseChatModel):
             name.startswith(marker) or f"-{marker}" in name or marker in name.split("-")
             for marker in _REASONING_MARKERS
         ) or any(marker in name for marker in ("reasoning", "thinking"))
-
-
-def _with_settings(inner: BaseChatModel, settings: dict[str, Any]) -> BaseChatModel:
-    """Rebuild ``inner`` with constructor settings that were given to the wrapper."""
-    fields = type(inner).model_fields
-    names = set(fields) | {f.alias for f in fields.values() if f.alias}
-    unknown = sorted(k for k in settings if k not in names)
-    if unknown:
-        raise ValueError(
-            f"RecoveringChatModel does not know the setting(s) {unknown} and the inner model "
-            f"{type(inner).__name__} has no such field; set them on the inner model, "
-            "or check the spelling"
-        )
-    current = {
-        name: getattr(inner, name)
-        for name in inner.model_fields_set
-        if name in fields and not fields[name].exclude
-    }
-    return type(inner)(**{**current, **settings})
-
-
-def _replace_model(runnable: Any, old: BaseChatModel, new: RecoveringChatModel) -> Any:
-    """Return ``runnable`` with every reference to ``old`` replaced by ``new``."""
-    # imported here: the fallbacks module pulls in an HTTP client at import time
-    from langchain_core.runnables.fallbacks import RunnableWithFallbacks
-
-    if runnable is old:
-        return new
-    if isinstance(runnable, RunnableBinding):
-        bound = _replace_model(runnable.bound, old, new)
-        if bound is runnable.bound:
-            return runnable
-        return runnable.model_copy(update={"bound": bound})
-    if isinstance(runnable, RunnableSequence):
-        steps = [_replace_model(step, old, new) for step in runnable.steps]
-        if all(a is b for a, b in zip(steps, runnable.steps, strict=True)):
-            return runnable
-        return RunnableSequence(*steps, name=runnable.name)
-    if isinstance(runnable, RunnableParallel):
-        branches = {k: _replace_model(v, old, new) for k, v in runnable.steps__.items()}
-        if all(branches[k] is v for k, v in runnable.steps__.items()):
-            return runnable
-        return RunnableParallel(branches)
-    if isinstance(runnable, RunnableWithFallbacks):
-        primary = _replace_model(runnable.runnable, old, new)
-        fallbacks = [_replace_model(f, old, new) for f in runnable.fallbacks]
-        if primary is runnable.runnable and all(
-            a is b for a, b in zip(fallbacks, runnable.fallbacks, strict=True)
-        ):
-            return runnable
-        return runnable.model_copy(update={"runnable": primary, "fallbacks": fallbacks})
-    return runnable
 
 
 RecoveringChatModel.model_rebuild()

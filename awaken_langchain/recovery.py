@@ -1,4 +1,4 @@
-"""Recovery plans, continuation requests and seam de-duplication (pure functions).
+"""Recovery plans and continuation requests (pure functions).
 
 When a stream breaks, what had arrived decides the plan:
 
@@ -7,6 +7,9 @@ When a stream breaks, what had arrived decides the plan:
   cut-off call becomes an invalid call.
 - R3, text and a cut-off tool call: drop the call, continue from the text.
 - R4, nothing usable: send the original request again.
+
+The repeat a provider may send at the start of a continuation is removed by
+:class:`~awaken_langchain.seam.SeamFilter` (re-exported here).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Sequence
 from enum import StrEnum
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+
+from awaken_langchain.seam import SeamFilter as SeamFilter  # re-exported
 
 DEFAULT_CONTINUATION_PROMPT = (
     "Your previous response was interrupted mid-stream. Continue exactly where it "
@@ -28,6 +33,17 @@ NOT_EXECUTED_REPLY = (
     "with complete arguments if it is still needed."
 )
 """The synthetic tool result that answers a tool call that was never executed."""
+
+INVALID_ARGS_MARKER = "[awaken: not executed] "
+"""Prefix given, in streamed chunks only, to the raw arguments of a call that will
+not run when LangChain's lenient chunk merge would repair them.
+
+LangChain re-parses merged tool-call chunks with ``parse_partial_json``, which
+closes cut-off JSON: ``{"city": "Ber`` would become a valid call. The marker
+keeps such a call in ``invalid_tool_calls`` after any merge; arguments that no
+merge can repair are streamed as the model wrote them. Requests built by the
+wrapper strip the marker again (see `awaken_langchain.recovery.answer_invalid_tool_calls`).
+"""
 
 CHARS_PER_TOKEN = 4
 """Rough characters per token, used only to estimate regenerated output."""
@@ -77,38 +93,64 @@ def continuation_messages(
     return [*messages, AIMessage(content=stripped), HumanMessage(content=prompt)]
 
 
+def _not_executed_reasons(message: AIMessage) -> dict[str, str]:
+    """The reasons ``response_metadata["awaken"]`` gives for calls that did not run."""
+    awaken = message.response_metadata.get("awaken")
+    entries = awaken.get("not_executed") if isinstance(awaken, dict) else None
+    reasons: dict[str, str] = {}
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict) and entry.get("id") and entry.get("error"):
+            reasons[str(entry["id"])] = str(entry["error"])
+    return reasons
+
+
+def _unmarked(message: AIMessage, marker: str) -> AIMessage:
+    """``message`` with the streaming guard removed from its invalid calls' arguments."""
+    calls = message.invalid_tool_calls
+    if not any((c.get("args") or "").startswith(marker) for c in calls):
+        return message
+    fixed = [
+        {**c, "args": (c.get("args") or "").removeprefix(marker)}
+        for c in calls  # the arguments the model wrote
+    ]
+    return message.model_copy(update={"invalid_tool_calls": fixed})
+
+
 def answer_invalid_tool_calls(
-    messages: Sequence[BaseMessage], *, interrupted_marker: str = ""
+    messages: Sequence[BaseMessage], *, marker: str = INVALID_ARGS_MARKER
 ) -> list[BaseMessage]:
-    """Answer every never-executed tool call of the history, for one request.
+    """Make a history's never-executed tool calls valid to send, for one request.
 
     An assistant message's invalid tool calls (cut off mid-stream, or malformed)
     are sent to providers as tool calls; OpenAI and Anthropic reject a history in
     which a tool call id has no tool result, and the model should learn that the
     call did not run. For each invalid call with an id and no answering
     ``ToolMessage``, an error ``ToolMessage`` saying so is inserted right after
-    the assistant message. The input is not modified (memory never holds these).
+    the assistant message; and the streaming guard that kept a cut-off call from
+    being repaired into a valid one is removed from its arguments, so the
+    provider gets the arguments the model wrote. The input is not modified
+    (memory never holds these changes).
 
     Args:
         messages: The request's messages.
-        interrupted_marker: Argument prefix that marks a call cut off mid-stream.
+        marker: The guard prefix streamed before repairable invalid arguments.
     """
     answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
     patched: list[BaseMessage] = []
     for message in messages:
-        patched.append(message)
-        if not isinstance(message, AIMessage):
+        if not isinstance(message, AIMessage) or not message.invalid_tool_calls:
+            patched.append(message)
             continue
+        patched.append(_unmarked(message, marker))
+        reasons = _not_executed_reasons(message)
         for call in message.invalid_tool_calls:
             call_id = call.get("id")
             if not call_id or call_id in answered:
                 continue
-            args = call.get("args") or ""
-            interrupted = bool(interrupted_marker) and args.startswith(interrupted_marker)
-            reason = call.get("error") or (
-                "its arguments were cut off when the response stream was interrupted."
-                if interrupted
-                else "its arguments were not a complete JSON object."
+            reason = (
+                call.get("error")
+                or reasons.get(call_id)
+                or "its arguments were not a complete JSON object."
             )
             name = call.get("name") or "unknown"
             patched.append(
@@ -126,103 +168,3 @@ def answer_invalid_tool_calls(
 def estimate_tokens(chars: int) -> int:
     """Estimate how many tokens ``chars`` characters of output took."""
     return math.ceil(chars / CHARS_PER_TOKEN) if chars > 0 else 0
-
-
-class SeamFilter:
-    """Removes text a provider repeats at the start of a continuation.
-
-    The filter holds back the beginning of the continuation's text while it could
-    still be a repetition of the end of the prefix the caller already saw, then
-    drops the longest repeated part (at least ``min_overlap`` characters) and
-    passes everything after it through unchanged.
-
-    Args:
-        prefix: The text of the turn the caller has already received.
-        window: How many characters of the prefix's end are compared.
-        min_overlap: Shortest repetition that is removed; shorter matches are
-            treated as coincidence.
-    """
-
-    def __init__(self, prefix: str, *, window: int = 1024, min_overlap: int = 3) -> None:
-        self._prefix_ends_with_space = bool(prefix) and prefix[-1].isspace()
-        self._raw_tail = prefix[-window:]
-        self._tail = prefix.rstrip()[-window:]
-        self._window = window
-        self._min_overlap = min_overlap
-        self._buffer: list[str] = []
-        self._buffered = 0
-        self._decided = not self._tail
-        self._strip_leading = False
-        self.removed_chars = 0
-        """How many characters were dropped as repetition (including whitespace)."""
-
-    @property
-    def pending(self) -> bool:
-        """Whether text is being held back."""
-        return not self._decided
-
-    @property
-    def active(self) -> bool:
-        """Whether the next text may still be changed (held back or trimmed)."""
-        return not self._decided or self._strip_leading
-
-    def feed(self, text: str) -> str:
-        """Take the next piece of continuation text and return what may be released."""
-        if self._decided:
-            if self._strip_leading:  # the repeat ended where the caller saw whitespace
-                stripped = text.lstrip()
-                self.removed_chars += len(text) - len(stripped)
-                self._strip_leading = not stripped
-                return stripped
-            return text
-        self._buffer.append(text)
-        self._buffered += len(text)
-        held = "".join(self._buffer)
-        core = held.lstrip()
-        if not core or (len(core) < self._window and self._could_grow(core)):
-            self._buffer = [held]
-            return ""
-        return self._decide(held)
-
-    def flush(self) -> str:
-        """Release whatever is held back (the text ended, or another block began)."""
-        if self._decided:
-            return ""
-        return self._decide("".join(self._buffer))
-
-    def _could_grow(self, core: str) -> bool:
-        """Whether some suffix of the prefix longer than ``core`` starts with it."""
-        tail = self._tail
-        start = tail.find(core)
-        while start != -1:
-            if start + len(core) < len(tail):
-                return True
-            start = tail.find(core, start + 1)
-        return False
-
-    def _decide(self, held: str) -> str:
-        self._decided = True
-        self._buffer = []
-        # a repetition that includes the whitespace at the seam (" br" after "quick br")
-        for size in range(min(len(held), len(self._raw_tail)), self._min_overlap - 1, -1):
-            piece = held[:size]
-            if piece.strip() and self._raw_tail.endswith(piece):
-                self.removed_chars += size
-                return held[size:]
-        core = held.lstrip()
-        overlap = 0
-        for size in range(min(len(core), len(self._tail)), self._min_overlap - 1, -1):
-            if self._tail.endswith(core[:size]):
-                overlap = size
-                break
-        if overlap:
-            rest = core[overlap:]
-        elif self._prefix_ends_with_space:
-            rest = core
-        else:
-            return held
-        if self._prefix_ends_with_space:
-            rest = rest.lstrip()
-            self._strip_leading = not rest
-        self.removed_chars += len(held) - len(rest)
-        return rest

@@ -15,6 +15,7 @@ from benchmarks import (
     concurrency,
     overhead,
     recovery_latency,
+    seam_accuracy,
     wasted_work,
 )
 
@@ -29,6 +30,7 @@ def main(quick: bool = False) -> None:
         recovery_latency.main(prefixes=(1_000, 10_000), repeats=3, processes=1)
         wasted_work.main(tokens=200, fractions=(0.5,), delay=0.0)
         concurrency.main(streams=16, processes=2, chars=128)
+        seam_accuracy.main(quick=True)
     else:
         overhead.main()
         checkpoint_put.main()
@@ -36,6 +38,7 @@ def main(quick: bool = False) -> None:
         recovery_latency.main()
         wasted_work.main()
         concurrency.main()
+        seam_accuracy.main()
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 

@@ -3,15 +3,17 @@
 One turn of 1 000, 10 000 and 100 000 tokens (a token is one four-character
 chunk) is streamed through ``RecoveringChatModel`` with a checkpoint every 8
 chunks (the default chunk cadence; the time rule is switched off, so that a
-busy machine adds no writes) into each store: memory, file, diskcache,
-and Redis when ``awaken_langchain.stores.redis`` and a ``redis-server`` binary
-are available (a private server on a free loopback port). The table shows the
-puts made, the bytes written (``wchar`` of ``/proc/self/io`` for the local
-stores, the bytes the Redis server received for Redis; the memory store writes
-nothing), the time spent inside the store (claim, get, puts, delete: wall time,
-and the CPU time of the calling thread, which a busy machine disturbs less; for
-Redis the CPU time is the client's only) and, for each tenfold longer turn, how
-many times the cost grew: a store whose put costs its delta grows about tenfold.
+busy machine adds no writes) into each store: memory, file, diskcache, and
+Redis when ``awaken_langchain.stores.redis`` and a ``redis-server`` binary are
+available (a private server on a free loopback port). The table shows the puts
+the store received (at most one per 8 chunks: the background writer coalesces a
+run's writes the store has not taken yet), the bytes written (``wchar`` of
+``/proc/self/io`` for the local stores, the bytes the Redis server received for
+Redis; the memory store writes nothing), the time spent inside the store
+(claim, get, puts, delete: wall time, and the CPU time of the calling thread,
+which a busy machine disturbs less; for Redis the CPU time is the client's
+only) and, for each tenfold longer turn, how many times the cost grew: a store
+whose put costs its delta grows about tenfold.
 
 Run: ``python -m benchmarks.checkpoint_growth [--tokens 1000 10000 100000]``
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,3 +205,72 @@ def store(store_factory: StoreFactory) -> StreamCheckpointStore:
 def clock() -> FakeClock:
     """A settable clock starting at a fixed time."""
     return FakeClock()
+
+
+# -- the sync and the async driver -------------------------------------------------------
+
+
+class Drive:
+    """Calls a model through its sync or its async entry points, awaited alike.
+
+    Attributes:
+        mode: ``"sync"`` (``stream``/``invoke``/``batch``/``generate``) or
+            ``"async"`` (``astream``/``ainvoke``/``abatch``/``agenerate``).
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    async def stream(
+        self, model: Any, input: Any, config: dict[str, Any] | None = None, **kwargs: Any
+    ) -> list[Any]:
+        """Every chunk of one streamed call."""
+        if self.mode == "sync":
+            return list(model.stream(input, config=config, **kwargs))
+        return [chunk async for chunk in model.astream(input, config=config, **kwargs)]
+
+    def iterate(
+        self, model: Any, input: Any, config: dict[str, Any] | None = None, **kwargs: Any
+    ) -> AsyncGenerator[Any, None]:
+        """An open stream: pull with ``anext``, abandon with ``aclose``."""
+        if self.mode == "sync":
+            return _sync_chunks(model.stream(input, config=config, **kwargs))
+        chunks: AsyncGenerator[Any, None] = model.astream(input, config=config, **kwargs)
+        return chunks
+
+    async def invoke(
+        self, model: Any, input: Any, config: dict[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
+        """The answer of one call."""
+        if self.mode == "sync":
+            return model.invoke(input, config=config, **kwargs)
+        return await model.ainvoke(input, config=config, **kwargs)
+
+    async def batch(
+        self, model: Any, inputs: list[Any], config: Any = None, **kwargs: Any
+    ) -> list[Any]:
+        """The answers of one batch."""
+        if self.mode == "sync":
+            return list(model.batch(inputs, config=config, **kwargs))
+        return list(await model.abatch(inputs, config=config, **kwargs))
+
+    async def generate(self, model: Any, messages: list[Any], **kwargs: Any) -> Any:
+        """The ``LLMResult`` of ``generate``/``agenerate``."""
+        if self.mode == "sync":
+            return model.generate(messages, **kwargs)
+        return await model.agenerate(messages, **kwargs)
+
+
+async def _sync_chunks(chunks: Iterator[Any]) -> AsyncGenerator[Any, None]:
+    """A sync stream pulled one chunk per ``anext``, and closed when abandoned."""
+    try:
+        for chunk in chunks:
+            yield chunk
+    finally:
+        getattr(chunks, "close", lambda: None)()
+
+
+@pytest.fixture(params=["sync", "async"], ids=["sync", "async"])
+def drive(request: pytest.FixtureRequest) -> Drive:
+    """Each case runs through the sync and then the async driver."""
+    return Drive(str(request.param))

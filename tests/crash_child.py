@@ -1,11 +1,17 @@
-"""The process a crash test kills: one LangGraph agent turn through RecoveringChatModel.
+"""The process a crash test kills: a LangGraph run through RecoveringChatModel.
 
-A child runs ``langchain.agents.create_agent`` over
+A child of kind ``"agent"`` runs ``langchain.agents.create_agent`` over
 ``RecoveringChatModel(ChatOpenAI(...))`` pointed at the test's loopback
 provider, with a real ``SqliteSaver`` on a SQLite file as the agent's memory
 and a real checkpoint store (diskcache or file) in a directory. It streams one
 turn (``stream_mode="messages"``; ``astream`` over an ``AsyncSqliteSaver`` for
 the async path) and exits 0 when the graph has finished.
+
+A child of kind ``"three_calls"`` runs a ``StateGraph`` whose one node asks the
+same wrapped model the three :data:`QUESTIONS` in turn (``invoke``; ``ainvoke``
+for the async path) and returns the answers in an ``answers`` state key, not as
+messages; the same ``SqliteSaver`` file is its memory. It reports
+``{"event": "answers", "answers"}`` when the graph run returned.
 
 Nothing in the library knows about these processes. The child reports what it
 does on a pipe to the test process, one dict per event, so the test can wait
@@ -22,6 +28,7 @@ for an exact point before it sends SIGKILL:
 - ``{"event": "token", "text"}`` for every streamed message chunk;
 - ``{"event": "blocked", "point"}`` when the child stopped at a test-only block
   point (below) and waits for the test to kill it or send ``"go"``;
+- ``{"event": "answers", "answers"}`` when a ``three_calls`` graph run returned;
 - ``{"event": "done"}`` when the graph run returned.
 
 The store hooks are a subclass of the real store class that calls the real
@@ -43,7 +50,8 @@ with the thread's messages, as the library documents for the last turn of a
 graph run, so a finished conversation leaves no checkpoint behind.
 
 Checkpoint key: the child passes no run id. Inside a LangGraph node the wrapper
-derives the key from the thread and the task (``<thread_id>:model:<task id>``).
+derives the key from the thread, the task and the request
+(``<thread_id>:model:<task id>:<request fingerprint>``).
 LangGraph's task id is a hash of the last saved graph checkpoint and the node,
 so a replacement process that resumes the thread the usual way,
 ``agent.stream(None, {"configurable": {"thread_id": ...}})``, runs the same task
@@ -73,7 +81,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
@@ -82,6 +90,7 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import END, START, StateGraph
 
 import awaken_langchain
 from awaken_langchain import (
@@ -94,6 +103,10 @@ from awaken_langchain import (
 from awaken_langchain.history import arelease_committed, release_committed
 
 StoreKind = Literal["diskcache", "file"]
+ChildKind = Literal["agent", "three_calls"]
+
+QUESTIONS = ("Name a colour.", "Name a fruit.", "Name a city.")
+"""What the ``three_calls`` node asks, one model call each, in this order."""
 
 MODEL_NAME = "gpt-4o-mini"
 
@@ -117,6 +130,10 @@ class ChildSpec:
         checkpoint_every_chunks: The wrapper's checkpoint cadence.
         use_async: Run the graph with ``astream`` over an ``AsyncSqliteSaver``
             (the wrapper's async path) instead of ``stream`` over a ``SqliteSaver``.
+        checkpoint_deadline: How long the wrapper waits for the store when it
+            must; long here, because block points hold store writes on purpose.
+        kind: ``"agent"`` (one agent turn) or ``"three_calls"`` (a node that
+            makes three model calls).
     """
 
     name: str
@@ -131,6 +148,8 @@ class ChildSpec:
     block: str | None = None
     checkpoint_every_chunks: int = 1
     use_async: bool = False
+    checkpoint_deadline: float = 60.0
+    kind: ChildKind = "agent"
 
     @property
     def stdout_path(self) -> Path:
@@ -211,6 +230,9 @@ def run(spec: ChildSpec, conn: Connection) -> None:
 
     channel = Channel(conn)
     channel.report("started", library=str(Path(awaken_langchain.__file__).resolve()))
+    if spec.kind == "three_calls":
+        _run_three_calls(spec, channel)
+        return
     payload = None if spec.prompt is None else {"messages": [("user", spec.prompt)]}
     if spec.use_async:
         asyncio.run(_arun(spec, channel, payload))
@@ -298,7 +320,10 @@ def build_agent(
     inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
     store = _reporting_store(spec.store_kind, spec.store_dir, channel, spec.block)
     model = RecoveringChatModel(
-        model=inner, store=store, checkpoint_every_chunks=spec.checkpoint_every_chunks
+        model=inner,
+        store=store,
+        checkpoint_every_chunks=spec.checkpoint_every_chunks,
+        checkpoint_deadline=spec.checkpoint_deadline,
     )
     agent = create_agent(model, tools=[lookup], checkpointer=saver)
     config = {
@@ -306,6 +331,57 @@ def build_agent(
         "callbacks": [BlockPoints(spec.block)],
     }
     return agent, config, store
+
+
+class Answers(TypedDict, total=False):
+    """The state of the ``three_calls`` graph: the node's answers, no messages."""
+
+    answers: list[str]
+
+
+def _run_three_calls(spec: ChildSpec, channel: Channel) -> None:
+    """Run (or, with ``prompt=None``, resume) the ``three_calls`` graph once."""
+    payload: Answers | None = None if spec.prompt is None else {"answers": []}
+    config: dict[str, Any] = {"configurable": {"thread_id": spec.thread_id}}
+    if spec.use_async:
+
+        async def arun() -> Any:
+            async with AsyncSqliteSaver.from_conn_string(spec.db_path) as saver:
+                graph = build_three_calls(spec, channel, saver)
+                return await graph.ainvoke(payload, config, durability="sync")
+
+        result = asyncio.run(arun())
+    else:
+        saver = SqliteSaver(sqlite3.connect(spec.db_path, check_same_thread=False))
+        result = build_three_calls(spec, channel, saver).invoke(payload, config, durability="sync")
+    channel.report("answers", answers=list(result["answers"]))
+    channel.report("done")
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def build_three_calls(spec: ChildSpec, channel: Channel, saver: BaseCheckpointSaver[Any]) -> Any:
+    """A graph whose one node asks the wrapped ChatOpenAI three questions."""
+    inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
+    store = _reporting_store(spec.store_kind, spec.store_dir, channel, spec.block)
+    model = RecoveringChatModel(
+        model=inner,
+        store=store,
+        checkpoint_every_chunks=spec.checkpoint_every_chunks,
+        checkpoint_deadline=spec.checkpoint_deadline,
+    )
+
+    def ask(state: Answers) -> Answers:
+        return {"answers": [model.invoke(question).text for question in QUESTIONS]}
+
+    async def aask(state: Answers) -> Answers:
+        return {"answers": [(await model.ainvoke(question)).text for question in QUESTIONS]}
+
+    graph = StateGraph(Answers)
+    graph.add_node("ask", aask if spec.use_async else ask)
+    graph.add_edge(START, "ask")
+    graph.add_edge("ask", END)
+    return graph.compile(checkpointer=saver)
 
 
 def _redirect_output(spec: ChildSpec) -> None:

@@ -22,9 +22,13 @@ from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.sqlite import SqliteSaver
 
 from awaken_langchain import DiskCacheStreamCheckpointStore, RecoveringChatModel
-from awaken_langchain.accumulator import INVALID_ARGS_MARKER
+from awaken_langchain.accumulator import INTERRUPTED_TOOL_CALL_ERROR
 from awaken_langchain.history import release_committed
-from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT, answer_invalid_tool_calls
+from awaken_langchain.recovery import (
+    DEFAULT_CONTINUATION_PROMPT,
+    INVALID_ARGS_MARKER,
+    answer_invalid_tool_calls,
+)
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.testing import (
     Fault,
@@ -340,7 +344,7 @@ def test_unanswered_invalid_calls_are_answered_in_the_request_only() -> None:
             {
                 "type": "invalid_tool_call",
                 "name": "transfer",
-                "args": INVALID_ARGS_MARKER + "{",
+                "args": INVALID_ARGS_MARKER + '{"to": "sav',
                 "id": "cut",
                 "error": None,
             },
@@ -352,14 +356,44 @@ def test_unanswered_invalid_calls_are_answered_in_the_request_only() -> None:
                 "error": None,
             },
         ],
+        response_metadata={
+            "awaken": {
+                "not_executed": [
+                    {
+                        "id": "cut",
+                        "name": "transfer",
+                        "error": INTERRUPTED_TOOL_CALL_ERROR,
+                        "interrupted": True,
+                    }
+                ]
+            }
+        },
     )
     history = [HumanMessage("q"), cut, ToolMessage("500", tool_call_id="ok")]
-    request = answer_invalid_tool_calls(history, interrupted_marker=INVALID_ARGS_MARKER)
+    request = answer_invalid_tool_calls(history)
     assert len(history) == 3  # the caller's list (memory) is untouched
-    added = [m for m in request if m not in history]
+    assert history[1].invalid_tool_calls[0]["args"].startswith(INVALID_ARGS_MARKER)
+    sent = request[1]
+    assert isinstance(sent, AIMessage)
+    assert [c["args"] for c in sent.invalid_tool_calls] == ['{"to": "sav', "{"]  # as written
+    added = [m for m in request if m not in history and m is not sent]
     assert len(added) == 1
     assert isinstance(added[0], ToolMessage)
     assert added[0].tool_call_id == "cut"
     assert "cut off" in str(added[0].content)
     assert request.index(added[0]) == 2  # right after the assistant message
     assert answer_invalid_tool_calls(request) == request  # answered calls are left alone
+
+
+def test_a_call_malformed_in_a_complete_stream_is_not_called_interrupted() -> None:
+    malformed = AIMessage(
+        content="",
+        id="ai-2",
+        invalid_tool_calls=[
+            {"type": "invalid_tool_call", "name": "f", "args": "nope", "id": "m", "error": None}
+        ],
+    )
+    request = answer_invalid_tool_calls([HumanMessage("q"), malformed])
+    (answer,) = [m for m in request if isinstance(m, ToolMessage)]
+    assert "not a complete JSON object" in str(answer.content)
+    assert "interrupt" not in str(answer.content)

@@ -1,8 +1,9 @@
 """Every fault, raised by the real SDKs and LangChain integrations, is classified correctly.
 
 Each fault is served by the loopback provider over a real TCP connection and
-consumed through eight paths: the official ``openai`` and ``anthropic`` SDKs and
-``ChatOpenAI``/``ChatAnthropic`` (``max_retries=0``), each sync and async.
+consumed through twelve paths: the official ``openai`` SDK (Chat Completions and
+Responses) and ``anthropic`` SDK, and ``ChatOpenAI`` (both APIs) and
+``ChatAnthropic`` (``max_retries=0``), each sync and async.
 
 One server and one event loop serve the whole module: the LangChain integrations
 cache their HTTP clients per base URL, and an async client must stay on the loop
@@ -34,7 +35,7 @@ ANSWER = "The loopback provider streams this answer in small pieces."
 TIMEOUT = 5.0
 STALL_TIMEOUT = 0.3
 
-Provider = Literal["openai", "anthropic"]
+Provider = Literal["openai", "openai-responses", "anthropic"]
 Layer = Literal["sdk", "langchain"]
 
 
@@ -50,10 +51,15 @@ class Path:
     def id(self) -> str:
         return f"{self.provider}-{self.layer}-{'async' if self.is_async else 'sync'}"
 
+    @property
+    def yields_stream_errors(self) -> bool:
+        """The bare openai SDK yields a Responses ``error``/``response.failed`` event, no raise."""
+        return self.provider == "openai-responses" and self.layer == "sdk"
+
 
 PATHS = [
     Path(provider, layer, is_async)
-    for provider in ("openai", "anthropic")
+    for provider in ("openai", "openai-responses", "anthropic")
     for layer in ("sdk", "langchain")
     for is_async in (False, True)
 ]
@@ -126,6 +132,11 @@ def _consume(path: Path, env: Loopback, read_timeout: float) -> list[Any]:
     if path.layer == "langchain":
         return list(_chat_model(path, env, read_timeout).stream("Say something."))
     clients = env.clients
+    if path.provider == "openai-responses":
+        events = clients.openai_sync.responses.create(
+            stream=True, timeout=read_timeout, **_RESPONSES_REQUEST
+        )
+        return list(events)
     if path.provider == "openai":
         chunks = clients.openai_sync.chat.completions.create(
             stream=True, timeout=read_timeout, **_OPENAI_REQUEST
@@ -141,6 +152,11 @@ async def _aconsume(path: Path, env: Loopback, read_timeout: float) -> list[Any]
     if path.layer == "langchain":
         return [chunk async for chunk in _chat_model(path, env, read_timeout).astream("Say it.")]
     clients = env.clients
+    if path.provider == "openai-responses":
+        events = await clients.openai_async.responses.create(
+            stream=True, timeout=read_timeout, **_RESPONSES_REQUEST
+        )
+        return [event async for event in events]
     if path.provider == "openai":
         chunks = await clients.openai_async.chat.completions.create(
             stream=True, timeout=read_timeout, **_OPENAI_REQUEST
@@ -156,6 +172,7 @@ _OPENAI_REQUEST: dict[str, Any] = {
     "model": "gpt-4o-mini",
     "messages": [{"role": "user", "content": "Say something."}],
 }
+_RESPONSES_REQUEST: dict[str, Any] = {"model": "gpt-5-mini", "input": "Say something."}
 _ANTHROPIC_REQUEST: dict[str, Any] = {
     "model": "claude-loopback-1",
     "max_tokens": 256,
@@ -164,13 +181,14 @@ _ANTHROPIC_REQUEST: dict[str, Any] = {
 
 
 def _chat_model(path: Path, env: Loopback, read_timeout: float) -> ChatOpenAI | ChatAnthropic:
-    if path.provider == "openai":
+    if path.provider != "anthropic":
         return ChatOpenAI(
             model="gpt-4o-mini",
             base_url=env.server.base_url_openai,
             api_key="test",
             max_retries=0,
             timeout=read_timeout,
+            use_responses_api=path.provider == "openai-responses",
         )
     return ChatAnthropic(  # type: ignore[call-arg]
         model_name="claude-loopback-1",
@@ -194,6 +212,11 @@ def has_terminal_signal(path: Path, items: list[Any]) -> bool:
         if isinstance(item, AIMessageChunk):
             metadata = item.response_metadata
             if metadata.get("finish_reason") or metadata.get("stop_reason"):
+                return True
+            if metadata.get("status") == "completed":  # Responses API
+                return True
+        elif path.provider == "openai-responses":
+            if item.type == "response.completed":
                 return True
         elif path.provider == "openai":
             if any(choice.finish_reason for choice in item.choices):
@@ -219,6 +242,8 @@ class Case:
     )
     retry_after: tuple[float, float] | None = None
     read_timeout: float = TIMEOUT
+    in_stream: bool = False
+    """The failure is an event inside an HTTP 200 stream."""
 
     def expected_kind(self, path: Path) -> ErrorKind:
         return self.overrides.get(
@@ -283,12 +308,28 @@ RETRYABLE = [
         ErrorKind.SERVER,  # OpenAI: APIError, type server_error, no status
         True,
         overrides={("anthropic", None): ErrorKind.OVERLOADED},  # status 200, overloaded_error
+        in_stream=True,
     ),
     Case(
         "sse-api-error-event",
         lambda: Fault.error_event(after_events=3, error_type="api_error"),
         ErrorKind.SERVER,
         True,
+        in_stream=True,
+    ),
+    Case(
+        "response-failed-server-error",
+        lambda: Fault.response_failed(after_events=3, code="server_error"),
+        ErrorKind.SERVER,
+        True,
+        in_stream=True,
+    ),
+    Case(
+        "response-failed-rate-limit",
+        lambda: Fault.response_failed(after_events=3, code="rate_limit_exceeded"),
+        ErrorKind.RATE_LIMITED,
+        True,
+        in_stream=True,
     ),
     Case(
         "malformed-sse",
@@ -325,6 +366,16 @@ PERMANENT = [
         lambda: Fault.error_event(after_events=3, error_type="invalid_request_error"),
         ErrorKind.INVALID_REQUEST,
         False,
+        in_stream=True,
+    ),
+    Case(
+        "response-failed-invalid-prompt",
+        lambda: Fault.response_failed(after_events=3, code="invalid_prompt"),
+        ErrorKind.CONTENT_FILTER,
+        False,
+        # Only the Responses API has this code; the other wires see an unknown error type.
+        overrides={("openai", None): ErrorKind.UNKNOWN, ("anthropic", None): ErrorKind.UNKNOWN},
+        in_stream=True,
     ),
 ]
 
@@ -336,6 +387,10 @@ PERMANENT = [
 @pytest.mark.parametrize("case", RETRYABLE + PERMANENT, ids=lambda c: c.id)
 async def test_fault_is_classified_by_structure(env: Loopback, case: Case, path: Path) -> None:
     env.server.enqueue(Scenario(text=ANSWER, fault=case.fault()))
+    if case.in_stream and path.yields_stream_errors:
+        events = await consume(path, env)
+        assert events[-1].type in ("error", "response.failed")
+        return
     info = classify_error(await failure(path, env, case.read_timeout))
     assert (info.kind, info.retryable) == (case.expected_kind(path), case.retryable)
     if case.retry_after is not None:
@@ -348,9 +403,16 @@ async def test_fault_is_classified_by_structure(env: Loopback, case: Case, path:
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.id)
 async def test_anthropic_overload_event_keeps_status_200(env: Loopback, path: Path) -> None:
     env.server.enqueue(Scenario(text=ANSWER, fault=Fault.error_event(after_events=3)))
+    if path.yields_stream_errors:
+        (event,) = [e for e in await consume(path, env) if e.type == "error"]
+        assert event.code == "server_error"
+        return
     info = classify_error(await failure(path, env))
     if path.provider == "anthropic":
         assert (info.status_code, info.provider_type) == (200, "overloaded_error")
+    elif path.provider == "openai-responses":
+        # langchain-openai raises ValueError; the code is read from the event it raised on.
+        assert (info.status_code, info.provider_code) == (None, "server_error")
     else:
         assert (info.status_code, info.provider_type) == (None, "server_error")
 
@@ -411,6 +473,12 @@ async def test_permanent_error_sends_exactly_one_request(
     env: Loopback, case: Case, path: Path
 ) -> None:
     env.server.enqueue(Scenario(text=ANSWER, fault=case.fault()), Scenario(text=ANSWER))
+    if case.in_stream and path.yields_stream_errors:
+        # The bare SDK yields the error event: nothing raises, nothing is retried.
+        events = await drive(path, env, _policy(Sleeps()))
+        assert events[-1].type in ("error", "response.failed")
+        assert len(env.server.requests) == 1
+        return
     sleeps = Sleeps()
     with pytest.raises(Exception) as caught:
         await drive(path, env, _policy(sleeps))

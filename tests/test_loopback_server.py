@@ -593,7 +593,7 @@ def continuation_request(prefix: str) -> list[dict[str, Any]]:
 
 
 def test_continuation_responder_answers_the_rest_of_the_text() -> None:
-    responder = continuation_responder(Scenario(text=TEXT, chunk_size=3), overlap=4)
+    responder = continuation_responder(Scenario(text=TEXT, chunk_size=3), overlap_words=2)
     with LoopbackProvider(default=responder) as server:
         client = anthropic_client(server)
         first = client.messages.create(**anthropic_body([user("Tell me a sentence.")]))
@@ -603,18 +603,18 @@ def test_continuation_responder_answers_the_rest_of_the_text() -> None:
         )
     assert [first.content[0].text, rest.content[0].text, next_turn.content[0].text] == [
         TEXT,
-        TEXT[15:],
+        TEXT[10:],  # from "brown": the prefix's last two words, then the rest
         TEXT,
     ]
-    with pytest.raises(ValueError, match="overlap >= 0"):
-        continuation_responder(Scenario(text=TEXT), overlap=-1)
+    with pytest.raises(ValueError, match="overlap_words >= 0"):
+        continuation_responder(Scenario(text=TEXT), overlap_words=-1)
 
 
 def test_recovering_model_continues_a_dropped_stream_from_the_loopback(
     server: LoopbackProvider,
 ) -> None:
     server.enqueue(Scenario(text=TEXT, fault=Fault.drop_after_events(6)))
-    server.default = continuation_responder(Scenario(text=TEXT), overlap=5)
+    server.default = continuation_responder(Scenario(text=TEXT), overlap_words=2)
     model = RecoveringChatModel(model=chat_anthropic(server))
     chunks = list(model.stream("Tell me a sentence."))
     assert "".join(chunk.text for chunk in chunks) == TEXT
@@ -1101,12 +1101,16 @@ def test_server_public_names_are_exported_from_testing() -> None:
         "RecordedRequest",
         "Responder",
         "Scenario",
+        "ScriptedCitation",
+        "ScriptedThinking",
         "ScriptedToolCall",
+        "ScriptedWebSearch",
         "ShapeRule",
         "TokenUsage",
         "continuation_responder",
         "echo_responder",
         "periodic_fault",
+        "schema_responder",
     ]
     for name in module.__all__:
         assert name in testing.__all__

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessageChunk
 
 from awaken_langchain import (
     FileStreamCheckpointStore,
@@ -23,7 +22,7 @@ from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
-from tests.conftest import FakeClock
+from tests.conftest import Drive, FakeClock
 
 
 async def _no_wait(_seconds: float) -> None:
@@ -51,36 +50,38 @@ def run_config(run_id: uuid.UUID) -> dict[str, Any]:
     return {"run_id": run_id}
 
 
-def test_checkpoint_is_keyed_by_the_callers_run_id_and_kept_when_recovery_fails() -> None:
+async def test_checkpoint_is_keyed_by_the_callers_run_id_and_kept_when_recovery_fails(
+    drive: Drive,
+) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     model, _ = process(
         store, [*text("Partial answer "), reset()], retry_policy=policy(max_continuations=0)
     )
     with pytest.raises(StreamInterruptedError):
-        model.invoke("q", config=run_config(run_id))
+        await drive.invoke(model, "q", config=run_config(run_id))
     saved = store.get(str(run_id))
     assert saved is not None
     assert saved.partial_text == "Partial answer "
     assert saved.model == "scripted:scripted"
 
 
-def test_checkpoint_is_deleted_once_the_turn_is_complete() -> None:
+async def test_checkpoint_is_deleted_once_the_turn_is_complete(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     model, _ = process(store, [*text("one "), reset()], [*text("two"), finish()])
-    assert model.invoke("q", config=run_config(run_id)).content == "one two"
+    assert (await drive.invoke(model, "q", config=run_config(run_id))).content == "one two"
     assert store.get(str(run_id)) is None
     assert store.list_run_ids() == []
 
 
-def test_no_more_than_the_configured_chunks_of_output_are_at_risk() -> None:
+async def test_no_more_than_the_configured_chunks_of_output_are_at_risk(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     model, _ = process(store, [*text("x" * 40, size=1), finish()], checkpoint_every_chunks=8)
-    stream = model.stream("q", config=run_config(run_id))
-    seen = "".join(str(next(stream).content) for _ in range(20))
-    stream.close()  # the consumer dies mid-answer
+    stream = drive.iterate(model, "q", config=run_config(run_id))
+    seen = "".join([str((await anext(stream)).content) for _ in range(20)])
+    await stream.aclose()  # the consumer dies mid-answer
     saved = store.get(str(run_id))
     assert saved is not None
     assert len(seen) - len(saved.partial_text) <= 8
@@ -100,27 +101,29 @@ class SlowStore(InMemoryStreamCheckpointStore):
         super().put(checkpoint)
 
 
-def test_a_slow_store_is_written_at_the_chunk_cadence_not_on_every_chunk() -> None:
+async def test_a_slow_store_is_written_at_the_chunk_cadence_not_on_every_chunk(
+    drive: Drive,
+) -> None:
     clock = FakeClock()
     store = SlowStore(clock)
     model, _ = process(
         store, [*text("x" * 256), finish()], retry_policy=policy(clock=clock)
     )  # 64 chunks; only the puts take time
-    model.invoke("q")
-    assert store.puts == 64 // 8
+    await drive.invoke(model, "q")
+    assert 1 <= store.puts <= 64 // 8  # the background writer may coalesce some
 
 
-def test_a_replacement_process_resumes_the_turn_without_repeating_text() -> None:
+async def test_a_replacement_process_resumes_the_turn_without_repeating_text(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     first, _ = process(
         store, [*text("The answer begins "), reset()], retry_policy=policy(max_continuations=0)
     )
     with pytest.raises(StreamInterruptedError):
-        first.invoke("q", config=run_config(run_id))
+        await drive.invoke(first, "q", config=run_config(run_id))
 
     second, inner = process(store, [*text("and ends."), finish()])
-    chunks = list(second.stream("q", config=run_config(run_id)))
+    chunks = await drive.stream(second, "q", config=run_config(run_id))
     assert "".join(str(c.content) for c in chunks) == "The answer begins and ends."
     request = inner.calls[0].messages
     assert [m.content for m in request[1:]] == ["The answer begins", DEFAULT_CONTINUATION_PROMPT]
@@ -129,24 +132,24 @@ def test_a_replacement_process_resumes_the_turn_without_repeating_text() -> None
     assert store.get(str(run_id)) is None
 
 
-def test_resuming_costs_no_retry_budget() -> None:
+async def test_resuming_costs_no_retry_budget(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     first, _ = process(store, [*text("Alpha "), reset()], retry_policy=policy(max_continuations=0))
     with pytest.raises(StreamInterruptedError):
-        first.invoke("q", config=run_config(run_id))
+        await drive.invoke(first, "q", config=run_config(run_id))
     second, inner = process(
         store,
         [*text("beta "), reset()],
         [*text("gamma."), finish()],
         retry_policy=policy(max_continuations=1),
     )
-    message = second.invoke("q", config=run_config(run_id))
+    message = await drive.invoke(second, "q", config=run_config(run_id))
     assert message.content == "Alpha beta gamma."
     assert len(inner.calls) == 2
 
 
-def test_resume_with_complete_tool_calls_finishes_without_a_request() -> None:
+async def test_resume_with_complete_tool_calls_finishes_without_a_request(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = str(uuid.uuid4())
     store.put(
@@ -162,7 +165,7 @@ def test_resume_with_complete_tool_calls_finishes_without_a_request() -> None:
         )
     )
     model, inner = process(store)
-    message = model.invoke("q", config=run_config(uuid.UUID(run_id)))
+    message = await drive.invoke(model, "q", config=run_config(uuid.UUID(run_id)))
     assert inner.calls == []
     assert message.content == "Looking it up. "
     assert [c["name"] for c in message.tool_calls] == ["lookup"]
@@ -170,21 +173,21 @@ def test_resume_with_complete_tool_calls_finishes_without_a_request() -> None:
     assert message.id == "lc_run--stable"
 
 
-def test_checkpoint_made_for_another_model_is_ignored_with_a_warning(
-    caplog: pytest.LogCaptureFixture,
+async def test_checkpoint_made_for_another_model_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture, drive: Drive
 ) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     store.put(StreamCheckpoint(run_id=str(run_id), model="other:gpt", partial_text="Stale "))
     model, inner = process(store, [*text("Fresh."), finish()])
     with caplog.at_level(logging.WARNING, logger="awaken_langchain"):
-        message = model.invoke("q", config=run_config(run_id))
+        message = await drive.invoke(model, "q", config=run_config(run_id))
     assert message.content == "Fresh."
     assert len(inner.calls[0].messages) == 1
     assert "other:gpt" in caplog.text
 
 
-def test_checkpoint_of_another_thread_is_ignored() -> None:
+async def test_checkpoint_of_another_thread_is_ignored(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     store.put(
@@ -194,26 +197,30 @@ def test_checkpoint_of_another_thread_is_ignored() -> None:
     )
     model, _ = process(store, [*text("Mine."), finish()])
     config = {"run_id": run_id, "configurable": {"thread_id": "t-2"}}
-    assert model.invoke("q", config=config).content == "Mine."
+    assert (await drive.invoke(model, "q", config=config)).content == "Mine."
 
 
-def test_checkpoint_older_than_resume_max_age_is_ignored() -> None:
+async def test_checkpoint_older_than_resume_max_age_is_ignored(drive: Drive) -> None:
     now = [1000.0]
     store = InMemoryStreamCheckpointStore(clock=lambda: now[0])
     run_id = uuid.uuid4()
     store.put(StreamCheckpoint(run_id=str(run_id), model="scripted:scripted", partial_text="Old "))
     now[0] += 3600
     model, _ = process(store, [*text("New."), finish()], resume_max_age=60)
-    assert model.invoke("q", config=run_config(run_id)).content == "New."
+    assert (await drive.invoke(model, "q", config=run_config(run_id))).content == "New."
 
 
-def test_langgraph_thread_and_task_give_the_key_when_no_run_id_is_passed() -> None:
+async def test_langgraph_thread_and_task_give_the_key_when_no_run_id_is_passed(
+    drive: Drive,
+) -> None:
     store = InMemoryStreamCheckpointStore()
     config = {"configurable": {"thread_id": "thread-7", "checkpoint_ns": "model:task-1"}}
     model, _ = process(store, [*text("Cut "), reset()], retry_policy=policy(max_continuations=0))
     with pytest.raises(StreamInterruptedError):
-        model.invoke("q", config=config)
-    saved = store.get("thread-7:model:task-1")
+        await drive.invoke(model, "q", config=config)
+    (key,) = store.list_run_ids()
+    assert key.startswith("thread-7:model:task-1:")
+    saved = store.get(key)
     assert saved is not None
     assert saved.thread_id == "thread-7"
 
@@ -226,48 +233,33 @@ class _Events(BaseCallbackHandler):
         self.names.append(name)
 
 
-def test_a_failing_store_never_fails_the_turn(tmp_path: Path) -> None:
+async def test_a_failing_store_never_fails_the_turn(tmp_path: Path, drive: Drive) -> None:
     store = FileStreamCheckpointStore(tmp_path / "store")
     (tmp_path / "store").rename(tmp_path / "moved")
     (tmp_path / "store").write_text("not a directory")
     model, _ = process(store, [*text("Still "), reset()], [*text("fine."), finish()])
     events = _Events()
-    message = model.invoke("q", config={"callbacks": [events]})
+    message = await drive.invoke(model, "q", config={"callbacks": [events]})
     assert message.content == "Still fine."
     assert "awaken_checkpoint_warning" in events.names
 
 
-def test_a_writer_fenced_out_stops_checkpointing_and_still_finishes() -> None:
+async def test_a_writer_fenced_out_stops_checkpointing_and_still_finishes(drive: Drive) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     key = str(run_id)
     model, _ = process(store, [*text("a" * 30, size=1), finish()], checkpoint_every_chunks=4)
-    stream = model.stream("q", config=run_config(run_id))
-    received = [next(stream) for _ in range(10)]
+    stream = drive.iterate(model, "q", config=run_config(run_id))
+    received = [await anext(stream) for _ in range(10)]
     new_epoch = store.claim(key)  # another process takes the run over
     store.put(
         StreamCheckpoint(run_id=key, partial_text="owned by the new process", epoch=new_epoch)
     )
-    received += list(stream)
+    received += [c async for c in stream]
     assert "".join(str(c.content) for c in received) == "a" * 30
     saved = store.get(key)
     assert saved is not None
     assert saved.partial_text == "owned by the new process"
-
-
-async def test_async_resume_from_a_checkpoint() -> None:
-    store = InMemoryStreamCheckpointStore()
-    run_id = uuid.uuid4()
-    first, _ = process(
-        store, [*text("Async begins "), reset()], retry_policy=policy(max_continuations=0)
-    )
-    with pytest.raises(StreamInterruptedError):
-        await first.ainvoke("q", config=run_config(run_id))
-    second, inner = process(store, [*text("and ends."), finish()])
-    chunks: list[AIMessageChunk] = [c async for c in second.astream("q", config=run_config(run_id))]
-    assert "".join(str(c.content) for c in chunks) == "Async begins and ends."
-    assert inner.calls[0].messages[1].content == "Async begins"
-    assert await store.aget(str(run_id)) is None
 
 
 def _fenced_at_the_closing_write(store: StreamCheckpointStore, run_id: uuid.UUID) -> None:
@@ -276,7 +268,9 @@ def _fenced_at_the_closing_write(store: StreamCheckpointStore, run_id: uuid.UUID
     store.put(StreamCheckpoint(run_id=key, partial_text="the new owner's", epoch=store.claim(key)))
 
 
-def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoint() -> None:
+async def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoint(
+    drive: Drive,
+) -> None:
     store = InMemoryStreamCheckpointStore()
     run_id = uuid.uuid4()
     model, _ = process(
@@ -286,32 +280,12 @@ def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoint() -
         checkpoint_every_chunks=1000,
         checkpoint_every_seconds=3600,
     )
-    stream = model.stream("q", config=run_config(run_id))
-    received = [next(stream)]
+    stream = drive.iterate(model, "q", config=run_config(run_id))
+    received = [await anext(stream)]
     _fenced_at_the_closing_write(store, run_id)
-    received += list(stream)
+    received += [c async for c in stream]
     awaken = received[-1].response_metadata["awaken"]
     assert awaken["checkpoint_complete"] is False  # release_committed must not delete the run
     saved = store.get(str(run_id))
     assert saved is not None
     assert (saved.partial_text, saved.complete) == ("the new owner's", False)
-
-
-async def test_async_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoint() -> None:
-    store = InMemoryStreamCheckpointStore()
-    run_id = uuid.uuid4()
-    model, _ = process(
-        store,
-        [*text("Done."), finish()],
-        keep_until_committed=True,
-        checkpoint_every_chunks=1000,
-        checkpoint_every_seconds=3600,
-    )
-    stream = model.astream("q", config=run_config(run_id))
-    received = [await anext(stream)]
-    _fenced_at_the_closing_write(store, run_id)
-    received += [c async for c in stream]
-    assert received[-1].response_metadata["awaken"]["checkpoint_complete"] is False
-    saved = await store.aget(str(run_id))
-    assert saved is not None
-    assert saved.partial_text == "the new owner's"

@@ -40,9 +40,9 @@ def _text_of(content: Any) -> str:
     return "".join(b.get("text", "") for b in content if isinstance(b, dict))
 
 
-def continuing(full: str, overlap: int = 0) -> Any:
+def continuing(full: str, overlap_words: int = 0) -> Any:
     """A model asked to continue: it resumes after the saved prefix."""
-    return continuation_responder(Scenario(text=full), overlap=overlap)
+    return continuation_responder(Scenario(text=full), overlap_words=overlap_words)
 
 
 class Sleeps:
@@ -231,11 +231,11 @@ async def test_interruption_after_output_is_continued_without_repeating_text(
     assert DEFAULT_CONTINUATION_PROMPT not in joined(chunks)
 
 
-@pytest.mark.parametrize("overlap", [3, 6, 12, 25])
-async def test_text_repeated_at_the_seam_is_removed(
-    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, overlap: int
+@pytest.mark.parametrize("overlap_words", [2, 3, 5, 20])  # 20: the whole prefix again
+async def test_words_repeated_at_the_seam_are_removed(
+    provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, overlap_words: int
 ) -> None:
-    server.default = continuing(ANSWER, overlap=overlap)
+    server.default = continuing(ANSWER, overlap_words=overlap_words)
     server.enqueue(Scenario(text=ANSWER, fault=Fault.drop_after_events(7)))
     chunks = await run(wrapper(provider, server, sleeps), mode)
     assert joined(chunks) == ANSWER

@@ -11,6 +11,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelAuthenticationError
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.messages.utils import message_chunk_to_message
+from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel
 
 from awaken_langchain.errors import StreamInterruptedError
@@ -24,12 +25,18 @@ from awaken_langchain.testing.scripted import (
     text,
     tool_call,
 )
+from tests.conftest import Drive
 
-NO_WAIT = RetryPolicy(sleep=lambda _s: None, async_sleep=lambda _s: _no_wait())
 
-
-async def _no_wait() -> None:
+async def _no_wait(_seconds: float) -> None:
     return None
+
+
+def policy(**settings: Any) -> RetryPolicy:
+    return RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait, **settings)
+
+
+NO_WAIT = policy()
 
 
 def wrap(*scripts: list[Any], **settings: Any) -> tuple[RecoveringChatModel, ScriptedChatModel]:
@@ -52,9 +59,11 @@ def reset() -> ConnectionResetError:
 # -- retry before output -------------------------------------------------------------
 
 
-def test_failure_before_output_is_retried_and_caller_sees_only_the_good_attempt() -> None:
+async def test_failure_before_output_is_retried_and_caller_sees_only_the_good_attempt(
+    drive: Drive,
+) -> None:
     model, inner = wrap([reset()], [*text("Fine answer."), finish()])
-    chunks = list(model.stream("hi"))
+    chunks = await drive.stream(model, "hi")
     assert "".join(str(c.content) for c in chunks) == "Fine answer."
     assert len(inner.calls) == 2
     assert inner.calls[1].messages == inner.calls[0].messages
@@ -62,42 +71,46 @@ def test_failure_before_output_is_retried_and_caller_sees_only_the_good_attempt(
     assert chunks[-1].response_metadata["awaken"]["retries"] == 1
 
 
-def test_cut_off_tool_call_before_any_text_restarts_without_showing_anything() -> None:
+async def test_cut_off_tool_call_before_any_text_restarts_without_showing_anything(
+    drive: Drive,
+) -> None:
     partial = tool_call("transfer", '{"to": "alice", "amount": 100, "conf', id="c1", pieces=3)
     whole = tool_call("transfer", '{"to": "alice", "amount": 100, "confirm": true}', id="c2")
     model, inner = wrap([*partial, reset()], [*whole, finish("tool_calls")])
-    chunks = list(model.stream("pay alice"))
+    chunks = await drive.stream(model, "pay alice")
     calls = [tc for c in chunks for tc in c.tool_call_chunks]
     assert len(calls) == 1
     assert json.loads(calls[0]["args"]) == {"to": "alice", "amount": 100, "confirm": True}
     assert len(inner.calls) == 2
 
 
-def test_permanent_error_propagates_as_raised_after_exactly_one_request() -> None:
+async def test_permanent_error_propagates_as_raised_after_exactly_one_request(drive: Drive) -> None:
     error = ModelAuthenticationError("invalid api key")
     model, inner = wrap([error], [*text("never"), finish()])
     with pytest.raises(ModelAuthenticationError) as raised:
-        model.invoke("hi")
+        await drive.invoke(model, "hi")
     assert raised.value is error
     assert len(inner.calls) == 1
 
 
-def test_unknown_exception_is_not_retried_unless_the_policy_says_so() -> None:
+async def test_unknown_exception_is_not_retried_unless_the_policy_says_so(drive: Drive) -> None:
     model, inner = wrap([ValueError("odd")], [*text("ok"), finish()])
     with pytest.raises(ValueError, match="odd"):
-        model.invoke("hi")
+        await drive.invoke(model, "hi")
     assert len(inner.calls) == 1
-    policy = RetryPolicy(sleep=lambda _s: None, retry_on=ValueError)
-    model, inner = wrap([ValueError("odd")], [*text("ok"), finish()], retry_policy=policy)
-    assert model.invoke("hi").content == "ok"
+    model, inner = wrap(
+        [ValueError("odd")], [*text("ok"), finish()], retry_policy=policy(retry_on=ValueError)
+    )
+    assert (await drive.invoke(model, "hi")).content == "ok"
     assert len(inner.calls) == 2
 
 
-def test_retries_before_output_are_bounded_by_max_attempts() -> None:
-    policy = RetryPolicy(max_attempts=3, sleep=lambda _s: None)
-    model, inner = wrap([reset()], [reset()], [reset()], [reset()], retry_policy=policy)
+async def test_retries_before_output_are_bounded_by_max_attempts(drive: Drive) -> None:
+    model, inner = wrap(
+        [reset()], [reset()], [reset()], [reset()], retry_policy=policy(max_attempts=3)
+    )
     with pytest.raises(StreamInterruptedError) as raised:
-        model.invoke("hi")
+        await drive.invoke(model, "hi")
     assert len(inner.calls) == 3
     assert raised.value.partial is None
     assert isinstance(raised.value.cause, ConnectionResetError)
@@ -106,12 +119,12 @@ def test_retries_before_output_are_bounded_by_max_attempts() -> None:
 # -- continuation after output ----------------------------------------------------------
 
 
-def test_interruption_after_text_sends_a_continuation_request() -> None:
+async def test_interruption_after_text_sends_a_continuation_request(drive: Drive) -> None:
     model, inner = wrap(
         [*text("The quick brown fox "), reset()],
         [*text("jumps over the lazy dog."), finish()],
     )
-    chunks = list(model.stream([HumanMessage("tell me")]))
+    chunks = await drive.stream(model, [HumanMessage("tell me")])
     assert "".join(str(c.content) for c in chunks) == "The quick brown fox jumps over the lazy dog."
     request = inner.calls[1].messages
     assert [type(m).__name__ for m in request] == ["HumanMessage", "AIMessage", "HumanMessage"]
@@ -120,21 +133,21 @@ def test_interruption_after_text_sends_a_continuation_request() -> None:
     assert chunks[-1].response_metadata["awaken"]["plans"] == ["R1"]
 
 
-def test_continuation_prompt_never_appears_in_the_output() -> None:
+async def test_continuation_prompt_never_appears_in_the_output(drive: Drive) -> None:
     model, _ = wrap(
         [*text("Part one, "), reset()], [*text("part two."), finish()], continuation_prompt="GO ON"
     )
-    message = model.invoke("hi")
+    message = await drive.invoke(model, "hi")
     assert "GO ON" not in str(message.content)
     assert message.content == "Part one, part two."
 
 
-def test_text_the_provider_repeats_at_the_seam_is_removed() -> None:
+async def test_text_the_provider_repeats_at_the_seam_is_removed(drive: Drive) -> None:
     model, _ = wrap(
         [*text("Once upon a time there was a "), reset()],
         [*text("there was a dragon who loved tea."), finish()],
     )
-    chunks = list(model.stream("story"))
+    chunks = await drive.stream(model, "story")
     assert (
         "".join(str(c.content) for c in chunks)
         == "Once upon a time there was a dragon who loved tea."
@@ -142,48 +155,48 @@ def test_text_the_provider_repeats_at_the_seam_is_removed() -> None:
     assert chunks[-1].response_metadata["awaken"]["regenerated_output_tokens"] >= 3
 
 
-def test_several_interruptions_continue_from_the_whole_turn_so_far() -> None:
+async def test_several_interruptions_continue_from_the_whole_turn_so_far(drive: Drive) -> None:
     model, inner = wrap(
         [*text("Alpha beta "), reset()],
         [*text("gamma delta "), reset()],
         [*text("epsilon."), finish()],
     )
-    message = model.invoke("letters")
+    message = await drive.invoke(model, "letters")
     assert message.content == "Alpha beta gamma delta epsilon."
     assert inner.calls[2].messages[1].content == "Alpha beta gamma delta"
     assert len(inner.calls[2].messages) == 3  # not stacked: one prefix, one prompt
     assert message.response_metadata["awaken"]["continuations"] == 2
 
 
-def test_stream_that_ends_without_a_terminal_signal_is_an_interruption() -> None:
+async def test_stream_that_ends_without_a_terminal_signal_is_an_interruption(drive: Drive) -> None:
     model, inner = wrap([*text("Half an ans")], [*text("wer, whole."), finish()])
-    message = model.invoke("hi")
+    message = await drive.invoke(model, "hi")
     assert message.content == "Half an answer, whole."
     assert len(inner.calls) == 2
 
 
-def test_concatenated_yielded_text_equals_the_final_message_text() -> None:
+async def test_concatenated_yielded_text_equals_the_final_message_text(drive: Drive) -> None:
     model, _ = wrap(
         [*text("abc def ghi ", size=3), reset()],
         [*text("ghi jkl", size=2), finish()],
     )
-    chunks = list(model.stream("x"))
+    chunks = await drive.stream(model, "x")
     assert "".join(str(c.content) for c in chunks) == merged(chunks).content
 
 
-def test_every_chunk_of_a_turn_carries_one_stable_message_id() -> None:
+async def test_every_chunk_of_a_turn_carries_one_stable_message_id(drive: Drive) -> None:
     model, _ = wrap([*text("one "), reset()], [*text("two"), finish()])
-    chunks = list(model.stream("x"))
+    chunks = await drive.stream(model, "x")
     assert len({c.id for c in chunks}) == 1
     assert chunks[0].id is not None
 
 
-def test_usage_is_summed_over_attempts() -> None:
+async def test_usage_is_summed_over_attempts(drive: Drive) -> None:
     model, _ = wrap(
         [*text("one "), _usage_only(10, 2), reset()],
         [*text("two"), finish(input_tokens=15, output_tokens=3)],
     )
-    message = model.invoke("x")
+    message = await drive.invoke(model, "x")
     assert message.usage_metadata is not None
     assert message.usage_metadata["input_tokens"] == 25
     assert message.usage_metadata["output_tokens"] == 5
@@ -200,17 +213,22 @@ def _usage_only(input_tokens: int, output_tokens: int) -> AIMessageChunk:
     )
 
 
-def test_failure_after_the_terminal_signal_keeps_the_complete_answer() -> None:
+async def test_failure_after_the_terminal_signal_keeps_the_complete_answer(drive: Drive) -> None:
     model, inner = wrap([*text("Done."), finish(), reset()])
-    assert model.invoke("x").content == "Done."
+    assert (await drive.invoke(model, "x")).content == "Done."
     assert len(inner.calls) == 1
 
 
-def test_exhausted_continuations_raise_with_the_partial_message_and_cause() -> None:
-    policy = RetryPolicy(max_continuations=1, sleep=lambda _s: None)
-    model, inner = wrap([*text("Begin "), reset()], [*text("more "), reset()], retry_policy=policy)
+async def test_exhausted_continuations_raise_with_the_partial_message_and_cause(
+    drive: Drive,
+) -> None:
+    model, inner = wrap(
+        [*text("Begin "), reset()],
+        [*text("more "), reset()],
+        retry_policy=policy(max_continuations=1),
+    )
     with pytest.raises(StreamInterruptedError) as raised:
-        list(model.stream("x"))
+        await drive.stream(model, "x")
     assert raised.value.partial is not None
     assert raised.value.partial.content == "Begin more "
     assert isinstance(raised.value.cause, ConnectionResetError)
@@ -221,7 +239,7 @@ def test_exhausted_continuations_raise_with_the_partial_message_and_cause() -> N
 # -- tool calls --------------------------------------------------------------------------
 
 
-def test_tool_calls_are_yielded_only_whole() -> None:
+async def test_tool_calls_are_yielded_only_whole(drive: Drive) -> None:
     model, _ = wrap(
         [
             *text("Let me check. "),
@@ -230,14 +248,16 @@ def test_tool_calls_are_yielded_only_whole() -> None:
             finish("tool_calls"),
         ]
     )
-    chunks = list(model.stream("weather?"))
+    chunks = await drive.stream(model, "weather?")
     pieces = [tc for c in chunks for tc in c.tool_call_chunks]
     assert [json.loads(p["args"]) for p in pieces] == [{"city": "Paris"}, {"city": "Rome"}]
     message = merged(chunks)
     assert [c["args"] for c in message.tool_calls] == [{"city": "Paris"}, {"city": "Rome"}]
 
 
-def test_complete_tool_calls_finish_the_turn_and_the_cut_off_call_is_invalid() -> None:
+async def test_complete_tool_calls_finish_the_turn_and_the_cut_off_call_is_invalid(
+    drive: Drive,
+) -> None:
     model, inner = wrap(
         [
             *tool_call("lookup", '{"q": "a"}', id="a", index=0),
@@ -245,7 +265,7 @@ def test_complete_tool_calls_finish_the_turn_and_the_cut_off_call_is_invalid() -
             reset(),
         ]
     )
-    message = model.invoke("go")
+    message = await drive.invoke(model, "go")
     assert len(inner.calls) == 1
     assert [c["name"] for c in message.tool_calls] == ["lookup"]
     assert [c["name"] for c in message.invalid_tool_calls] == ["transfer"]
@@ -253,7 +273,9 @@ def test_complete_tool_calls_finish_the_turn_and_the_cut_off_call_is_invalid() -
     assert message.response_metadata["awaken"]["plans"] == ["R2"]
 
 
-def test_cut_off_tool_call_stays_invalid_after_streamed_chunks_are_merged() -> None:
+async def test_cut_off_tool_call_stays_invalid_after_streamed_chunks_are_merged(
+    drive: Drive,
+) -> None:
     model, _ = wrap(
         [
             *tool_call("lookup", '{"q": "a"}', id="a", index=0),
@@ -261,17 +283,19 @@ def test_cut_off_tool_call_stays_invalid_after_streamed_chunks_are_merged() -> N
             reset(),
         ]
     )
-    message = merged(list(model.stream("go")))
+    message = merged(await drive.stream(model, "go"))
     assert [c["name"] for c in message.tool_calls] == ["lookup"]
     assert [c["name"] for c in message.invalid_tool_calls] == ["transfer"]
 
 
-def test_text_then_cut_off_tool_call_drops_the_call_and_continues_from_the_text() -> None:
+async def test_text_then_cut_off_tool_call_drops_the_call_and_continues_from_the_text(
+    drive: Drive,
+) -> None:
     model, inner = wrap(
         [*text("I will pay now. "), *tool_call("pay", '{"amount": 5', id="p1"), reset()],
         [*tool_call("pay", '{"amount": 50}', id="p2"), finish("tool_calls")],
     )
-    message = model.invoke("pay")
+    message = await drive.invoke(model, "pay")
     assert message.content == "I will pay now. "
     assert [(c["id"], c["args"]) for c in message.tool_calls] == [("p2", {"amount": 50})]
     assert message.invalid_tool_calls == []
@@ -279,19 +303,21 @@ def test_text_then_cut_off_tool_call_drops_the_call_and_continues_from_the_text(
     assert message.response_metadata["awaken"]["plans"] == ["R3"]
 
 
-def test_continuation_tool_call_indices_do_not_collide_with_earlier_ones() -> None:
+async def test_continuation_tool_call_indices_do_not_collide_with_earlier_ones(
+    drive: Drive,
+) -> None:
     model, _ = wrap(
         [*text("Checking. "), reset()],
         [*tool_call("a", '{"x": 1}', id="t1", index=0), finish("tool_calls")],
     )
-    chunks = list(model.stream("x"))
+    chunks = await drive.stream(model, "x")
     message = merged(chunks)
     assert [c["args"] for c in message.tool_calls] == [{"x": 1}]
 
 
-def test_malformed_arguments_in_a_complete_turn_are_never_a_valid_call() -> None:
+async def test_malformed_arguments_in_a_complete_turn_are_never_a_valid_call(drive: Drive) -> None:
     model, _ = wrap([*tool_call("f", '{"a": 1,,}', id="m"), finish("tool_calls")])
-    message = model.invoke("x")
+    message = await drive.invoke(model, "x")
     assert message.tool_calls == []
     assert [c["name"] for c in message.invalid_tool_calls] == ["f"]
 
@@ -299,33 +325,22 @@ def test_malformed_arguments_in_a_complete_turn_are_never_a_valid_call() -> None
 # -- idle timeout -----------------------------------------------------------------------
 
 
-def test_stalled_stream_is_an_interruption_in_sync() -> None:
+async def test_stalled_stream_is_an_interruption(drive: Drive) -> None:
     model, inner = wrap(
         [*text("Slow start "), Stall(2.0), *text("never seen")],
         [*text("then fine."), finish()],
         stream_idle_timeout=0.05,
     )
-    message = model.invoke("x")
+    message = await drive.invoke(model, "x")
     assert message.content == "Slow start then fine."
     assert message.response_metadata["awaken"]["interruptions"][0]["kind"] == "timeout"
     assert len(inner.calls) == 2
 
 
-async def test_stalled_stream_is_an_interruption_in_async() -> None:
-    model, inner = wrap(
-        [*text("Slow start "), Stall(2.0), *text("never seen")],
-        [*text("then fine."), finish()],
-        stream_idle_timeout=0.05,
-    )
-    message = await model.ainvoke("x")
-    assert message.content == "Slow start then fine."
-    assert len(inner.calls) == 2
-
-
-async def test_time_the_caller_spends_between_chunks_is_not_idle_time_in_async() -> None:
+async def test_time_the_caller_spends_between_chunks_is_not_idle_time(drive: Drive) -> None:
     model, inner = wrap([*text("One two three four "), finish()], stream_idle_timeout=0.05)
     chunks = []
-    async for chunk in model.astream("x"):
+    async for chunk in drive.iterate(model, "x"):
         chunks.append(chunk)
         await asyncio.sleep(0.03)  # 5 chunks: the caller is busy for longer than the timeout
     assert "".join(str(c.content) for c in chunks) == "One two three four "
@@ -377,18 +392,18 @@ class _Recorder(BaseCallbackHandler):
         self.events.append((name, data))
 
 
-def test_callbacks_see_one_chat_model_run_and_each_token_once() -> None:
+async def test_callbacks_see_one_chat_model_run_and_each_token_once(drive: Drive) -> None:
     model, _ = wrap([*text("ab cd ef"), reset()], [*text("gh"), finish()])
     recorder = _Recorder()
-    chunks = list(model.stream("x", config={"callbacks": [recorder]}))
+    chunks = await drive.stream(model, "x", config={"callbacks": [recorder]})
     assert recorder.starts == 1
     assert "".join(recorder.tokens) == "".join(str(c.content) for c in chunks) == "ab cd efgh"
 
 
-def test_recovery_events_reach_callback_handlers() -> None:
+async def test_recovery_events_reach_callback_handlers(drive: Drive) -> None:
     model, _ = wrap([reset()], [*text("ab "), reset()], [*text("cd"), finish()])
     recorder = _Recorder()
-    model.invoke("x", config={"callbacks": [recorder]})
+    await drive.invoke(model, "x", config={"callbacks": [recorder]})
     names = [name for name, _ in recorder.events]
     assert names == ["awaken_retry", "awaken_continuation"]
     assert recorder.events[1][1]["plan"] == "R1"
@@ -404,13 +419,7 @@ async def test_recovery_events_appear_in_astream_events() -> None:
     assert "".join(str(e["data"]["chunk"].content) for e in streamed) == "ab cd"
 
 
-def test_batch_and_invoke_work() -> None:
-    model, _ = wrap([*text("one"), finish()], [*text("two"), finish()], [*text("three"), finish()])
-    assert model.invoke("a").content == "one"
-    assert sorted(str(m.content) for m in model.batch(["b", "c"])) == ["three", "two"]
-
-
-async def test_async_entry_points_work() -> None:
+async def test_stream_invoke_and_batch_work(drive: Drive) -> None:
     model, _ = wrap(
         [*text("one "), reset()],
         [*text("two"), finish()],
@@ -418,13 +427,13 @@ async def test_async_entry_points_work() -> None:
         [*text("y"), finish()],
         [*text("z"), finish()],
     )
-    chunks = [c async for c in model.astream("a")]
+    chunks = await drive.stream(model, "a")
     assert "".join(str(c.content) for c in chunks) == "one two"
-    assert (await model.ainvoke("b")).content == "x"
-    assert sorted(str(m.content) for m in await model.abatch(["c", "d"])) == ["y", "z"]
+    assert (await drive.invoke(model, "b")).content == "x"
+    assert sorted(str(m.content) for m in await drive.batch(model, ["c", "d"])) == ["y", "z"]
 
 
-def test_bind_tools_keeps_the_wrapper_in_the_chain() -> None:
+async def test_bind_tools_keeps_the_wrapper_in_the_chain(drive: Drive) -> None:
     model, inner = wrap([*tool_call("add", '{"a": 1, "b": 2}', id="t"), finish("tool_calls")])
 
     def add(a: int, b: int) -> int:
@@ -432,14 +441,14 @@ def test_bind_tools_keeps_the_wrapper_in_the_chain() -> None:
         return a + b
 
     bound = model.bind_tools([add], tool_choice="any")
-    message = bound.invoke("1+2")
+    message = await drive.invoke(bound, "1+2")
     assert message.tool_calls[0]["args"] == {"a": 1, "b": 2}
     assert inner.calls[0].kwargs["tools"][0]["function"]["name"] == "add"
     assert inner.calls[0].kwargs["tool_choice"] == "any"
     assert bound.bound is model  # type: ignore[attr-defined]
 
 
-def test_with_structured_output_keeps_the_wrapper_in_the_chain() -> None:
+async def test_with_structured_output_keeps_the_wrapper_in_the_chain(drive: Drive) -> None:
     class Answer(BaseModel):
         value: int
 
@@ -448,7 +457,7 @@ def test_with_structured_output_keeps_the_wrapper_in_the_chain() -> None:
         [*tool_call("Answer", '{"value": 42}', id="s"), finish("tool_calls")],
     )
     structured = model.with_structured_output(Answer)
-    assert structured.invoke("the answer") == Answer(value=42)
+    assert await drive.invoke(structured, "the answer") == Answer(value=42)
 
 
 def test_settings_for_the_inner_model_are_forwarded_or_refused() -> None:
@@ -458,22 +467,23 @@ def test_settings_for_the_inner_model_are_forwarded_or_refused() -> None:
     assert model.model.model_name == "renamed"  # type: ignore[attr-defined]
 
 
-def test_langgraph_messages_mode_sees_each_token_once() -> None:
+async def test_langgraph_messages_mode_sees_each_token_once(drive: Drive) -> None:
     from langgraph.graph import END, START, MessagesState, StateGraph
 
     model, _ = wrap([*text("Hello there "), reset()], [*text("friend."), finish()])
-
-    def call(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [model.invoke(state["messages"])]}
+    # a node that calls the model's invoke (ainvoke when the graph runs async)
+    call = (
+        RunnableLambda(lambda state: state["messages"])
+        | model
+        | RunnableLambda(lambda message: {"messages": [message]})
+    )
 
     graph = StateGraph(MessagesState)
     graph.add_node("model", call)
     graph.add_edge(START, "model")
     graph.add_edge("model", END)
     app = graph.compile()
-    streamed = [
-        chunk
-        for chunk, _meta in app.stream({"messages": [HumanMessage("hi")]}, stream_mode="messages")
-    ]
+    parts = await drive.stream(app, {"messages": [HumanMessage("hi")]}, stream_mode="messages")
+    streamed = [chunk for chunk, _meta in parts]
     text_seen = "".join(str(c.content) for c in streamed if isinstance(c, AIMessageChunk))
     assert text_seen == "Hello there friend."

@@ -449,7 +449,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         if loaded is None:
             return None
         head, data = loaded
-        if self.is_expired(head.updated_at):
+        if self._expired_head(head):
             return None
         if len(data) != head.text_bytes:
             raise StreamCheckpointError(
@@ -535,7 +535,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             except StreamCheckpointError:
                 found.append(run_id)
                 continue
-            if not self.is_expired(head.updated_at):
+            if not self._expired_head(head):
                 found.append(run_id)
         return sorted(found)
 
@@ -546,10 +546,6 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             How many expired checkpoints were removed.
         """
         self._check_writable("gc")
-        if self.ttl is None:
-            with self._backend_errors("gc", None):
-                self._backend_cleanup()
-            return 0
         removed = 0
         with self._backend_errors("gc", None):
             candidates = list(self._backend_heads())
@@ -558,7 +554,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 head = decode_head(raw, run_id=run_id)
             except StreamCheckpointError:
                 continue
-            if not self.is_expired(head.updated_at):
+            if not self._expired_head(head):
                 continue
             with self._backend_errors("gc", run_id):
                 if self._backend_delete(run_id, None, self._expired_head):
@@ -579,7 +575,10 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             )
 
     def _expired_head(self, head: Head) -> bool:
-        return self.is_expired(head.updated_at)
+        keep_for = head.fields.get("keep_for")
+        return self.is_expired(
+            head.updated_at, keep_for if isinstance(keep_for, int | float) else None
+        )
 
     def _check_size(self, head: Head) -> None:
         size = len(head.encode()) + head.text_bytes

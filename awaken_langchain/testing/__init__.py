@@ -1,8 +1,9 @@
 """Test doubles for recovery code: users test their own recovery with these.
 
-- :class:`LoopbackProvider`: a loopback OpenAI- and Anthropic-compatible
-  streaming server, answering from scripted :class:`Scenario` objects with
-  injectable :class:`Fault` objects, recording every request.
+- :class:`LoopbackProvider`: a loopback OpenAI- (Chat Completions and
+  Responses) and Anthropic-compatible streaming server, answering from
+  scripted :class:`Scenario` objects with injectable :class:`Fault` objects,
+  recording every request.
 - :class:`ScriptedChatModel`: a chat model that replays scripted chunks,
   exceptions and stalls, recording every call.
 """
@@ -30,12 +31,16 @@ if TYPE_CHECKING:
         RecordedRequest,
         Responder,
         Scenario,
+        ScriptedCitation,
+        ScriptedThinking,
         ScriptedToolCall,
+        ScriptedWebSearch,
         ShapeRule,
         TokenUsage,
         continuation_responder,
         echo_responder,
         periodic_fault,
+        schema_responder,
     )
 
 
@@ -61,7 +66,10 @@ __all__ = [
     "Responder",
     "Scenario",
     "ScriptedChatModel",
+    "ScriptedCitation",
+    "ScriptedThinking",
     "ScriptedToolCall",
+    "ScriptedWebSearch",
     "ShapeRule",
     "Stall",
     "TokenUsage",
@@ -71,4 +79,5 @@ __all__ = [
     "text",
     "tool_call",
     "periodic_fault",
+    "schema_responder",
 ]

@@ -16,10 +16,16 @@ from datetime import datetime
 from email.utils import format_datetime
 from typing import Any, Literal
 
-Provider = Literal["openai", "anthropic"]
-"""The wire format of a request: OpenAI Chat Completions or Anthropic Messages."""
+Provider = Literal["openai", "anthropic", "openai-responses"]
+"""The wire format of a request: OpenAI Chat Completions, Anthropic Messages or
+the OpenAI Responses API."""
 
-PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
+PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic", "openai-responses")
+
+
+def is_openai(provider: Provider | None) -> bool:
+    """Whether ``provider`` is one of OpenAI's wire formats (same error bodies and ids)."""
+    return provider in ("openai", "openai-responses")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,97 @@ class ScriptedToolCall:
         return "".join(self.arguments)
 
 
+@dataclass(frozen=True)
+class ScriptedThinking:
+    """One reasoning block in a scripted response, sent before the text.
+
+    Anthropic renders it as a ``thinking`` block (``thinking_delta`` events and a
+    ``signature_delta`` at its end) or, when ``redacted``, a
+    ``redacted_thinking`` block whose ``data`` is opaque. The Responses API
+    renders it as a ``reasoning`` item whose summary is ``text``, with
+    ``encrypted_content`` when the request's ``include`` asks for it. Chat
+    Completions has no such block and ignores it. Signatures, redacted data and
+    encrypted content are sealed with a key only the loopback server knows, so
+    the server can tell a block sent back unmodified from one that was edited.
+
+    Attributes:
+        text: The thinking text (a reasoning summary on the Responses API).
+            A string is split into pieces of the scenario's ``chunk_size``; a
+            sequence of strings gives the exact pieces.
+        redacted: Send an Anthropic ``redacted_thinking`` block (and a
+            reasoning item without summary on the Responses API).
+    """
+
+    text: str | Sequence[str] = ""
+    redacted: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            object.__setattr__(self, "text", tuple(self.text))
+
+    @property
+    def full_text(self) -> str:
+        """The complete thinking text."""
+        return self.text if isinstance(self.text, str) else "".join(self.text)
+
+    def pieces(self, size: int) -> list[str]:
+        """The thinking deltas to stream, in order."""
+        if isinstance(self.text, str):
+            return split(self.text, size)
+        return [piece for piece in self.text if piece]
+
+
+@dataclass(frozen=True)
+class ScriptedCitation:
+    """A web citation of a span of the scripted answer text.
+
+    Anthropic renders the cited span as its own text block carrying a
+    ``web_search_result_location`` citation (a ``citations_delta`` event when
+    streamed); the Responses API adds a ``url_citation`` annotation to the
+    ``output_text`` part (``response.output_text.annotation.added`` when
+    streamed). Chat Completions ignores it.
+
+    Attributes:
+        start: First character of the cited span in the scenario's full text.
+        end: End of the span (exclusive).
+        url: The cited page.
+        title: The page title.
+    """
+
+    start: int
+    end: int
+    url: str
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.start < self.end:
+            raise ValueError(
+                f"ScriptedCitation needs 0 <= start < end, got start={self.start}, end={self.end}"
+            )
+
+
+@dataclass(frozen=True)
+class ScriptedWebSearch:
+    """A web search the provider runs itself (a server tool), before the text.
+
+    Anthropic renders a ``server_tool_use`` block (``web_search``, its
+    ``query`` streamed as ``input_json_delta``) and a ``web_search_tool_result``
+    block listing the results; the Responses API a ``web_search_call`` item
+    (``response.web_search_call.in_progress``/``searching``/``completed``
+    events). Chat Completions ignores it.
+
+    Attributes:
+        query: The search query.
+        results: ``(url, title)`` of each result.
+    """
+
+    query: str
+    results: Sequence[tuple[str, str]] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "results", tuple(tuple(r) for r in self.results))
+
+
 class FaultKind(enum.Enum):
     """What goes wrong with a response. Build faults with the :class:`Fault` constructors."""
 
@@ -102,6 +199,8 @@ class FaultKind(enum.Enum):
     """Send ``count`` events, wait ``seconds``, then send the rest."""
     MALFORMED_SSE = "malformed_sse"
     """Send ``count`` events, then an event whose data is not valid JSON, then end the body."""
+    RESPONSE_FAILED = "response_failed"
+    """Responses API: send ``count`` events, then ``response.failed``, then end the body."""
 
 
 @dataclass(frozen=True)
@@ -321,7 +420,10 @@ class Fault:
         Anthropic: ``event: error`` with ``{"type": "error", "error": {"type":
         "overloaded_error", ...}}`` (the SDK raises ``APIStatusError`` with
         ``status_code == 200``). OpenAI: ``data: {"error": {"type":
-        "server_error", ...}}`` (the SDK raises ``APIError``). A non-streamed
+        "server_error", ...}}`` (the SDK raises ``APIError``). Responses API:
+        ``event: error`` with ``{"type": "error", "code": "server_error", ...}``
+        (the SDK yields it as a ``ResponseErrorEvent``; langchain-openai raises
+        ``ValueError``). A non-streamed
         request, which cannot carry an SSE event, gets the HTTP status the
         provider uses for that error type instead (529 for
         ``overloaded_error``, 500 for ``server_error``).
@@ -399,6 +501,33 @@ class Fault:
         """
         return cls(FaultKind.MALFORMED_SSE, count=after_events)
 
+    @classmethod
+    def response_failed(
+        cls, *, after_events: int = 1, code: str = "server_error", message: str | None = None
+    ) -> Fault:
+        """Responses API: end the stream with ``response.failed`` carrying ``error.code``.
+
+        The event is terminal (the response's ``status`` is ``failed``); the
+        openai SDK yields it like any event and langchain-openai raises on it.
+        On the other wires, and for a non-streamed request, it behaves like
+        :meth:`error_event` with ``code`` as the error type.
+
+        Args:
+            after_events: Events sent before ``response.failed``.
+            code: The ``error.code`` (``server_error``, ``rate_limit_exceeded``...).
+            message: Error message; ``None`` picks a default.
+
+        Returns:
+            The fault.
+        """
+        return cls(
+            FaultKind.RESPONSE_FAILED,
+            count=after_events,
+            error_type=code,
+            code=code,
+            message=message,
+        )
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -408,6 +537,14 @@ class Scenario:
         text: Assistant text. A string is split into pieces of ``chunk_size``
             characters; a sequence of strings gives the exact pieces.
         tool_calls: Tool calls, streamed after the text.
+        thinking: Reasoning blocks, streamed before the text (Anthropic
+            ``thinking``/``redacted_thinking``, Responses ``reasoning`` items).
+        citations: Cited spans of the text, in order and not overlapping
+            (Anthropic text-block ``citations``, Responses ``url_citation``
+            annotations).
+        web_searches: Server-side web searches, after the thinking and before
+            the text (Anthropic ``server_tool_use`` + ``web_search_tool_result``,
+            Responses ``web_search_call`` items).
         usage: Reported token usage; ``None`` estimates it (about four
             characters per token of the request messages and of the output).
         chunk_size: Characters per streamed text delta or argument fragment.
@@ -426,6 +563,9 @@ class Scenario:
 
     text: str | Sequence[str] = ""
     tool_calls: Sequence[ScriptedToolCall] = ()
+    thinking: Sequence[ScriptedThinking] = ()
+    citations: Sequence[ScriptedCitation] = ()
+    web_searches: Sequence[ScriptedWebSearch] = ()
     usage: TokenUsage | None = None
     chunk_size: int = 4
     delay: float = 0.0
@@ -449,6 +589,17 @@ class Scenario:
         if not isinstance(self.text, str):
             object.__setattr__(self, "text", tuple(self.text))
         object.__setattr__(self, "tool_calls", tuple(self.tool_calls))
+        object.__setattr__(self, "thinking", tuple(self.thinking))
+        object.__setattr__(self, "citations", tuple(self.citations))
+        object.__setattr__(self, "web_searches", tuple(self.web_searches))
+        end = 0
+        for citation in self.citations:
+            if citation.start < end or citation.end > len(self.full_text):
+                raise ValueError(
+                    f"Scenario citations must be in order, not overlap and lie within the "
+                    f"text ({len(self.full_text)} characters); got {citation}"
+                )
+            end = citation.end
 
     @property
     def full_text(self) -> str:
@@ -460,6 +611,19 @@ class Scenario:
         if isinstance(self.text, str):
             return split(self.text, self.chunk_size)
         return [piece for piece in self.text if piece]
+
+    def text_segments(self) -> list[tuple[str, ScriptedCitation | None]]:
+        """The text cut at citation boundaries: each span with its citation, if any."""
+        full, position = self.full_text, 0
+        segments: list[tuple[str, ScriptedCitation | None]] = []
+        for citation in self.citations:
+            if citation.start > position:
+                segments.append((full[position : citation.start], None))
+            segments.append((full[citation.start : citation.end], citation))
+            position = citation.end
+        if position < len(full):
+            segments.append((full[position:], None))
+        return segments
 
     def argument_pieces(self, call: ScriptedToolCall) -> list[str]:
         """The argument fragments of ``call`` to stream, in order."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from awaken_langchain.testing._scenarios import Provider
+from awaken_langchain.testing._wire import signature_is_valid, unseal
 
 ShapeCheck = Callable[[Mapping[str, Any]], "str | None"]
 """A check on a parsed request body: returns an error message, or ``None`` if it passes."""
@@ -176,6 +177,154 @@ def _anthropic_no_prefill(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+_THINKING_TYPES = ("thinking", "redacted_thinking")
+
+
+def _anthropic_thinking_enabled(body: Mapping[str, Any]) -> bool:
+    thinking = body.get("thinking")
+    return isinstance(thinking, Mapping) and thinking.get("type") in ("enabled", "adaptive")
+
+
+def _anthropic_thinking_unmodified(body: Mapping[str, Any]) -> str | None:
+    for i, message in enumerate(_messages(body)):
+        if message.get("role") != "assistant":
+            continue
+        for j, block in enumerate(_blocks(message)):
+            if block.get("type") == "thinking" and not signature_is_valid(
+                str(block.get("thinking", "")), block.get("signature")
+            ):
+                return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+            if block.get("type") == "redacted_thinking" and unseal(block.get("data")) is None:
+                return f"messages.{i}.content.{j}: Invalid `data` in `redacted_thinking` block"
+    return None
+
+
+def _anthropic_thinking_first(body: Mapping[str, Any]) -> str | None:
+    for i, message in enumerate(_messages(body)):
+        blocks = _blocks(message)
+        if message.get("role") != "assistant" or not blocks:
+            continue
+        has_thinking = any(b.get("type") in _THINKING_TYPES for b in blocks)
+        if has_thinking and blocks[0].get("type") not in _THINKING_TYPES:
+            return (
+                f"messages.{i}.content.0: If an assistant message contains any thinking "
+                f"blocks, the first block must be thinking or redacted_thinking. "
+                f"Found {blocks[0].get('type')}."
+            )
+    return None
+
+
+def _anthropic_thinking_starts_tool_turn(body: Mapping[str, Any]) -> str | None:
+    if not _anthropic_thinking_enabled(body):
+        return None
+    messages = _messages(body)
+    if len(messages) < 2 or messages[-1].get("role") != "user":
+        return None
+    if not any(b.get("type") == "tool_result" for b in _blocks(messages[-1])):
+        return None
+    i = len(messages) - 2
+    blocks = _blocks(messages[i])
+    first = blocks[0].get("type") if blocks else "text"
+    if messages[i].get("role") == "assistant" and first not in _THINKING_TYPES:
+        return (
+            f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+            f"found `{first}`. When `thinking` is enabled, a final `assistant` message must "
+            "start with a thinking block (preceeding the lastmost set of `tool_use` and "
+            "`tool_result` blocks). We recommend you include thinking blocks from previous "
+            "turns. To avoid this requirement, disable `thinking`. Please consult our "
+            "documentation at https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+        )
+    return None
+
+
+# -- OpenAI Responses -----------------------------------------------------------------
+
+
+def _input_items(body: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    items = body.get("input")
+    if not isinstance(items, list):
+        return []
+    return [item for item in items if isinstance(item, Mapping)]
+
+
+def _item_type(item: Mapping[str, Any]) -> Any:
+    return item.get("type", "message" if "role" in item else None)
+
+
+def _responses_input_present(body: Mapping[str, Any]) -> str | None:
+    value = body.get("input")
+    if body.get("previous_response_id") or (isinstance(value, str) and value):
+        return None
+    if not isinstance(value, list) or not value:
+        return "Missing required parameter: 'input'."
+    return None
+
+
+def _responses_function_calls_answered(body: Mapping[str, Any]) -> str | None:
+    called: set[str] = set()
+    answered: set[str] = set()
+    for item in _input_items(body):
+        if _item_type(item) == "function_call":
+            called.add(str(item.get("call_id")))
+        elif _item_type(item) == "function_call_output":
+            call_id = str(item.get("call_id"))
+            if call_id not in called:
+                return f"No tool call found for function call output with call_id {call_id}."
+            answered.add(call_id)
+    for item in _input_items(body):
+        call_id = str(item.get("call_id"))
+        if _item_type(item) == "function_call" and call_id not in answered:
+            return f"No tool output found for function call {call_id}."
+    return None
+
+
+def _responses_reasoning_issued(body: Mapping[str, Any]) -> str | None:
+    for item in _input_items(body):
+        if _item_type(item) != "reasoning":
+            continue
+        item_id = str(item.get("id"))
+        sealed = item.get("encrypted_content")
+        if sealed is not None:
+            text = unseal(sealed)
+            if text is None or not text.startswith(item_id + "\n"):
+                return (
+                    f"The encrypted content for item {item_id} could not be verified. "
+                    "Reason: Encrypted content could not be decrypted or parsed."
+                )
+        elif body.get("store") is False:
+            return (
+                f"Item with id '{item_id}' not found. Items are not persisted when `store` is "
+                "set to false. Try again with `store` set to true, or remove this item from "
+                "your input."
+            )
+        elif not item_id.startswith("rs_loopback_"):
+            return f"Item with id '{item_id}' not found."
+    return None
+
+
+def _responses_assistant_parts(body: Mapping[str, Any]) -> str | None:
+    for i, item in enumerate(_input_items(body)):
+        if _item_type(item) != "message" or item.get("role") != "assistant":
+            continue
+        for j, part in enumerate(_blocks(item)):
+            if part.get("type") not in ("output_text", "refusal"):
+                return (
+                    f"Invalid value: '{part.get('type')}'. Supported values are: "
+                    f"'output_text' and 'refusal'. (input[{i}].content[{j}])"
+                )
+    return None
+
+
+def _responses_no_prefill(body: Mapping[str, Any]) -> str | None:
+    items = _input_items(body)
+    if items and _item_type(items[-1]) == "message" and items[-1].get("role") == "assistant":
+        return (
+            "This model does not support assistant message prefill. "
+            "The input must not end with an assistant message."
+        )
+    return None
+
+
 # -- OpenAI ---------------------------------------------------------------------------
 
 _OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
@@ -301,6 +450,58 @@ DEFAULT_SHAPE_RULES: tuple[ShapeRule, ...] = (
         "Every `tool_use` is answered by a `tool_result` in the next message, and every "
         "`tool_result` answers a `tool_use` of the previous message.",
         _anthropic_tool_use_answered,
+    ),
+    ShapeRule(
+        "anthropic.thinking_unmodified",
+        "anthropic",
+        "Thinking and redacted thinking blocks are sent back exactly as issued (the "
+        "signature matches the thinking text).",
+        _anthropic_thinking_unmodified,
+    ),
+    ShapeRule(
+        "anthropic.thinking_first",
+        "anthropic",
+        "An assistant message that contains thinking blocks starts with one.",
+        _anthropic_thinking_first,
+    ),
+    ShapeRule(
+        "anthropic.thinking_starts_tool_turn",
+        "anthropic",
+        "With `thinking` enabled, the assistant message answered by the final "
+        "`tool_result` starts with a thinking or redacted_thinking block.",
+        _anthropic_thinking_starts_tool_turn,
+    ),
+    ShapeRule(
+        "openai-responses.input_present",
+        "openai-responses",
+        "`input` is a non-empty string or list (unless `previous_response_id` is given).",
+        _responses_input_present,
+    ),
+    ShapeRule(
+        "openai-responses.function_calls_answered",
+        "openai-responses",
+        "A `function_call_output` follows the `function_call` with its `call_id`, and every "
+        "`function_call` is answered.",
+        _responses_function_calls_answered,
+    ),
+    ShapeRule(
+        "openai-responses.reasoning_items_issued",
+        "openai-responses",
+        "A `reasoning` item carries the id and `encrypted_content` the server issued "
+        "(`encrypted_content` is required when `store` is false).",
+        _responses_reasoning_issued,
+    ),
+    ShapeRule(
+        "openai-responses.assistant_output_parts",
+        "openai-responses",
+        "Assistant `message` items hold only `output_text` and `refusal` parts.",
+        _responses_assistant_parts,
+    ),
+    ShapeRule(
+        "openai-responses.no_assistant_prefill",
+        "openai-responses",
+        "The input does not end with an assistant message (newer models reject prefill).",
+        _responses_no_prefill,
     ),
     ShapeRule(
         "openai.messages_present",

@@ -6,7 +6,10 @@ default) in a background thread and answers:
 - ``POST /v1/chat/completions``: OpenAI Chat Completions, streamed (SSE
   ``chat.completion.chunk`` events and ``data: [DONE]``) or not;
 - ``POST /v1/messages``: Anthropic Messages, streamed (``message_start`` ...
-  ``message_stop``) or not.
+  ``message_stop``) or not, with thinking blocks and citations;
+- ``POST /v1/responses``: the OpenAI Responses API, streamed
+  (``response.created`` ... ``response.completed``) or not, with reasoning
+  items, annotations and function calls.
 
 Each request is answered by the next queued :class:`Scenario` (text, tool calls,
 usage, chunking, pacing) and its optional :class:`Fault` (HTTP errors with retry
@@ -68,13 +71,26 @@ from types import FrameType, TracebackType
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+from awaken_langchain.seam import is_word_start
 from awaken_langchain.testing._scenarios import (
     Fault,
     FaultKind,
     Provider,
     Scenario,
+    ScriptedCitation,
+    ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
     TokenUsage,
+    is_openai,
+)
+from awaken_langchain.testing._schema import (
+    answer_format,
+    example_value,
+    json_object_for,
+    mentioned_tool,
+    offered_tools,
+    tool_choice,
 )
 from awaken_langchain.testing._shapes import (
     DEFAULT_SHAPE_RULES,
@@ -94,6 +110,9 @@ from awaken_langchain.testing._wire import (
     malformed_frame,
     openai_completion,
     openai_frames,
+    responses_failed_frame,
+    responses_frames,
+    responses_object,
     stream_error_type,
 )
 
@@ -107,12 +126,16 @@ __all__ = [
     "RecordedRequest",
     "Responder",
     "Scenario",
+    "ScriptedCitation",
+    "ScriptedThinking",
     "ScriptedToolCall",
+    "ScriptedWebSearch",
     "ShapeRule",
     "TokenUsage",
     "continuation_responder",
     "echo_responder",
     "periodic_fault",
+    "schema_responder",
 ]
 
 logger = logging.getLogger("awaken_langchain.testing.server")
@@ -164,10 +187,30 @@ class RecordedRequest:
 
     @property
     def messages(self) -> list[dict[str, Any]]:
-        """The request's ``messages`` list (empty when absent)."""
-        if isinstance(self.body, dict) and isinstance(self.body.get("messages"), list):
+        """The request's ``messages`` list (empty when absent).
+
+        For a Responses API request, a Chat-Completions-like view of its
+        ``instructions`` and ``input``: a ``system`` message for the
+        instructions, ``message`` items as ``{"role", "content"}``,
+        ``function_call`` items as assistant ``tool_calls`` and
+        ``function_call_output`` items as ``tool`` messages (reasoning items
+        are left out; read :attr:`input` for them).
+        """
+        if not isinstance(self.body, dict):
+            return []
+        if self.provider == "openai-responses":
+            return _responses_messages(self.body)
+        if isinstance(self.body.get("messages"), list):
             return list(self.body["messages"])
         return []
+
+    @property
+    def input(self) -> list[Any]:
+        """A Responses API request's ``input`` items (a string input is one user message)."""
+        value = self.body.get("input") if isinstance(self.body, dict) else None
+        if isinstance(value, str):
+            return [{"role": "user", "content": value}]
+        return list(value) if isinstance(value, list) else []
 
 
 Responder = Callable[[RecordedRequest], Scenario]
@@ -191,38 +234,113 @@ def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Respon
     return respond
 
 
-def continuation_responder(answer: Scenario, *, overlap: int = 0) -> Responder:
+def schema_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Responder:
+    """A responder that answers tool and structured-output requests from their own schemas.
+
+    Deterministic, for test suites that need a valid answer to any request
+    (for example the ``langchain_tests`` integration suites):
+
+    - a request that forces a tool (a named ``tool_choice``, ``"required"``,
+      Anthropic ``{"type": "any"}``), or offers tools and is not answering a
+      tool result, calls one: the forced one, else the first whose name the
+      last user message mentions, else the first; its arguments fill every
+      property of the tool's JSON schema with plausible values of the right
+      types (see ``example_value``: strings ``"example <name>"``, integers 3
+      inside their bounds...);
+    - a request for structured output (Chat Completions ``response_format``,
+      Responses ``text.format``, Anthropic ``output_config.format``) is
+      answered with a JSON document valid against the schema; JSON mode
+      without a schema gets an object with the keys the prompt quotes;
+    - anything else is echoed like :func:`echo_responder`.
+
+    Args:
+        prefix: Text put before an echoed message.
+        chunk_size: Characters per streamed delta or argument fragment.
+
+    Returns:
+        A responder usable as ``LoopbackProvider(default=...)``.
+    """
+    echo = echo_responder(prefix, chunk_size=chunk_size)
+
+    def respond(request: RecordedRequest) -> Scenario:
+        body, provider = request.body, request.provider
+        if provider is None or not isinstance(body, dict):
+            return echo(request)
+        tools = offered_tools(provider, body)
+        mode, name = tool_choice(provider, body)
+        tool = None
+        if mode == "named":
+            tool = next((t for t in tools if t.name == name), None)
+        elif tools and (mode == "any" or (mode == "auto" and not _answers_tool(request))):
+            tool = mentioned_tool(tools, _last_user_text(request.messages))
+        if tool is not None:
+            call = ScriptedToolCall(tool.name, example_value(tool.parameters))
+            return Scenario(tool_calls=[call], chunk_size=chunk_size)
+        fmt = answer_format(provider, body)
+        if fmt is not None:
+            if fmt["type"] == "json_schema":
+                document = example_value(fmt["schema"])
+            else:
+                document = json_object_for(_last_user_text(request.messages))
+            return Scenario(text=json.dumps(document), chunk_size=chunk_size)
+        return echo(request)
+
+    return respond
+
+
+def _answers_tool(request: RecordedRequest) -> bool:
+    """Whether the request's last message hands tool results back to the model."""
+    messages = request.messages
+    if not messages:
+        return False
+    content = messages[-1].get("content")
+    blocks = content if isinstance(content, list) else []
+    return messages[-1].get("role") == "tool" or any(
+        isinstance(b, Mapping) and b.get("type") == "tool_result" for b in blocks
+    )
+
+
+def continuation_responder(answer: Scenario, *, overlap_words: int = 0) -> Responder:
     """A responder that behaves like a model asked to continue an interrupted answer.
 
     Every request is answered with ``answer``, except a continuation: when the
     last assistant message in the request is a non-empty beginning of
     ``answer``'s text (a saved prefix, sent without trailing whitespace), only
-    the rest of the text is sent. Set ``overlap`` to repeat that many characters
-    of the prefix first, as real models often do at the seam. Combine it with
+    the rest of the text is sent, starting with the whitespace the prefix lost.
+    Set ``overlap_words`` to restart instead at the start of the prefix's last
+    that many words (a cut-off word counts as one; in CJK text a word is a
+    character), as real models often do at the seam. Combine it with
     :func:`periodic_fault` for an offline demo in which interrupted streams
     are continued and still add up to ``answer``.
 
     Args:
         answer: The complete answer: its text is what continuations continue;
             its other fields (tool calls, chunking, pacing...) are kept.
-        overlap: Characters of the prefix to repeat at the start of a
-            continuation.
+        overlap_words: Words of the prefix to repeat at the start of a
+            continuation (all of them when the prefix has fewer).
 
     Returns:
         A responder usable as ``LoopbackProvider(default=...)``.
     """
-    if overlap < 0:
-        raise ValueError(f"continuation_responder needs overlap >= 0, got {overlap}")
+    if overlap_words < 0:
+        raise ValueError(f"continuation_responder needs overlap_words >= 0, got {overlap_words}")
     full = answer.full_text
 
     def respond(request: RecordedRequest) -> Scenario:
         prefix = _last_assistant_text(request.messages)
         if prefix and full.startswith(prefix) and len(prefix) < len(full):
-            start = max(0, len(prefix) - overlap)
-            return dataclasses.replace(answer, text=full[start:])
+            return dataclasses.replace(answer, text=full[_restart(prefix, overlap_words) :])
         return answer
 
     return respond
+
+
+def _restart(prefix: str, overlap_words: int) -> int:
+    """Where a continuation that repeats the prefix's last ``overlap_words`` words starts."""
+    if overlap_words == 0:
+        return len(prefix)
+    starts = [i for i in range(len(prefix)) if is_word_start(prefix, i)]
+    return starts[-overlap_words] if overlap_words <= len(starts) else 0
 
 
 def periodic_fault(base: Scenario | Responder, fault: Fault, *, every: int) -> Responder:
@@ -596,7 +714,7 @@ def plan_stream(
             sent.append(Frame(frame.data[:budget], frame.terminal))
             budget -= len(frame.data)
         tail = [_Drop(fault.reset if fault else False)]
-    elif kind in (FaultKind.ERROR_EVENT, FaultKind.MALFORMED_SSE):
+    elif kind in (*_ERROR_EVENT_KINDS, FaultKind.MALFORMED_SSE):
         assert extra is not None, "an error or malformed frame is required"
         sent = [*frames[:count], extra]
     elif kind is FaultKind.NO_TERMINAL_EVENT:
@@ -735,6 +853,7 @@ class _Handler(BaseHTTPRequestHandler):
             usage=estimate_usage(body, scenario),
             include_usage=provider == "openai"
             and bool((body.get("stream_options") or {}).get("include_usage")),
+            request=body,
         )
         fault = scenario.fault
         headers = {**_request_id_header(provider, ctx.request_id), **scenario.headers}
@@ -770,20 +889,21 @@ class _Handler(BaseHTTPRequestHandler):
         headers: Mapping[str, str],
     ) -> None:
         fault = scenario.fault
-        frames = (openai_frames if provider == "openai" else anthropic_frames)(scenario, ctx)
+        frames = _RENDER_STREAM[provider](scenario, ctx)
         extra = None
-        if fault is not None and fault.kind is FaultKind.ERROR_EVENT:
+        if fault is not None and fault.kind in _ERROR_EVENT_KINDS:
             error_type = stream_error_type(provider, fault.error_type)
-            extra = error_frame(
-                provider,
-                error_body(
-                    provider,
-                    200,
-                    request_id=ctx.request_id,
-                    error_type=error_type,
-                    message=fault.message or _STREAM_ERROR_MESSAGES.get(error_type),
-                ),
-            )
+            message = fault.message or _STREAM_ERROR_MESSAGES.get(error_type, error_type)
+            sequence_number = min(fault.count or 0, len(frames))
+            if provider == "openai-responses" and fault.kind is FaultKind.RESPONSE_FAILED:
+                extra = responses_failed_frame(
+                    scenario, ctx, code=error_type, message=message, sequence_number=sequence_number
+                )
+            else:
+                body = error_body(
+                    provider, 200, request_id=ctx.request_id, error_type=error_type, message=message
+                )
+                extra = error_frame(provider, body, sequence_number=sequence_number)
         elif fault is not None and fault.kind is FaultKind.MALFORMED_SSE:
             extra = malformed_frame(provider)
         steps = plan_stream(
@@ -823,20 +943,29 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if provider == "openai":
                 payload = openai_completion(scenario, ctx, terminal=terminal)
+            elif provider == "openai-responses":
+                payload = responses_object(
+                    scenario, ctx, status=None if terminal else "in_progress"
+                )
             else:
                 payload = anthropic_message(scenario, ctx, terminal=terminal)
         except ValueError as exc:
             body = error_body(provider, 500, request_id=ctx.request_id, message=str(exc))
             self._send_json(500, body, provider, headers)
             return
-        if fault is not None and kind is FaultKind.ERROR_EVENT:
+        if fault is not None and kind in _ERROR_EVENT_KINDS:
             # A non-streamed request cannot carry an SSE event: the same failure
             # arrives as the HTTP status the provider uses for that error type.
             error_type = stream_error_type(provider, fault.error_type)
             status = status_for_error_type(error_type)
             message = fault.message or _STREAM_ERROR_MESSAGES.get(error_type)
             payload = error_body(
-                provider, status, request_id=ctx.request_id, error_type=error_type, message=message
+                provider,
+                status,
+                request_id=ctx.request_id,
+                error_type=error_type,
+                message=message,
+                code=fault.code,
             )
             self._send_json(status, payload, provider, headers)
             return
@@ -898,10 +1027,18 @@ class _Handler(BaseHTTPRequestHandler):
             _shutdown_quietly(self.connection)
 
 
+_RENDER_STREAM: dict[Provider, Callable[[Scenario, ResponseContext], list[Frame]]] = {
+    "openai": openai_frames,
+    "openai-responses": responses_frames,
+    "anthropic": anthropic_frames,
+}
+_ERROR_EVENT_KINDS = (FaultKind.ERROR_EVENT, FaultKind.RESPONSE_FAILED)
+
 _STREAM_ERROR_MESSAGES = {
     "overloaded_error": "Overloaded",
     "server_error": "The server had an error while processing your request. Sorry about that!",
     "api_error": "Internal server error",
+    "rate_limit_exceeded": "Rate limit reached for requests.",
 }
 
 
@@ -913,6 +1050,7 @@ _ERROR_TYPE_STATUS = {
     "request_too_large": 413,
     "rate_limit_error": 429,
     "requests": 429,
+    "rate_limit_exceeded": 429,
     "overloaded_error": 529,
     "timeout_error": 504,
 }
@@ -931,11 +1069,13 @@ def _provider_for(method: str, path: str) -> Provider | None:
         return "openai"
     if path.endswith("/v1/messages"):
         return "anthropic"
+    if path.endswith("/v1/responses"):
+        return "openai-responses"
     return None
 
 
 def _request_id_header(provider: Provider, request_id: str) -> dict[str, str]:
-    return {"x-request-id" if provider == "openai" else "request-id": request_id}
+    return {"x-request-id" if is_openai(provider) else "request-id": request_id}
 
 
 def _request_id_of(payload: Any) -> str:
@@ -961,11 +1101,41 @@ def _last_text(messages: Sequence[Mapping[str, Any]], role: str, joiner: str) ->
             texts = [
                 str(block.get("text", ""))
                 for block in content
-                if isinstance(block, Mapping) and block.get("type") == "text"
+                if isinstance(block, Mapping) and block.get("type") in _TEXT_PARTS
             ]
             return joiner.join(texts)
         return ""
     return ""
+
+
+_TEXT_PARTS = ("text", "input_text", "output_text")
+"""Content part types holding text (Chat Completions/Anthropic, Responses input and output)."""
+
+
+def _responses_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A Chat-Completions-like view of a Responses API request's instructions and input."""
+    messages: list[dict[str, Any]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message" and "role" in item:
+            messages.append({"role": item["role"], "content": item.get("content")})
+        elif kind == "function_call":
+            function = {"name": item.get("name"), "arguments": item.get("arguments")}
+            call = {"id": item.get("call_id"), "type": "function", "function": function}
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append(
+                {"role": "tool", "tool_call_id": item.get("call_id"), "content": output}
+            )
+    return messages
 
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -996,7 +1166,7 @@ _CLI_FAULTS: dict[str, Callable[[argparse.Namespace], Fault]] = {
 def _cli_default(args: argparse.Namespace) -> Scenario | Responder:
     base: Scenario | Responder = continuation_responder(
         Scenario(text=args.text, chunk_size=args.chunk_size, delay=args.delay),
-        overlap=args.overlap,
+        overlap_words=args.overlap_words,
     )
     if args.echo:
         echo = echo_responder(chunk_size=args.chunk_size)
@@ -1034,7 +1204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the answer to every request; a continuation request gets the rest of it",
     )
     parser.add_argument(
-        "--overlap", type=int, default=0, help="characters a continuation repeats at the seam"
+        "--overlap-words", type=int, default=0, help="words a continuation repeats at the seam"
     )
     parser.add_argument("--echo", action="store_true", help="answer with the last user message")
     parser.add_argument("--chunk-size", type=int, default=4, help="characters per delta")
@@ -1050,8 +1220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.fault_every < 1 or args.chunk_size < 1:
         parser.error("--fault-every and --chunk-size must be >= 1")
-    if args.fault_after_events < 0 or args.overlap < 0:
-        parser.error("--fault-after-events and --overlap must be >= 0")
+    if args.fault_after_events < 0 or args.overlap_words < 0:
+        parser.error("--fault-after-events and --overlap-words must be >= 0")
 
     done = threading.Event()
 

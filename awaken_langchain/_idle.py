@@ -1,0 +1,155 @@
+"""Idle timeouts for a stream: a chunk must arrive within ``timeout`` seconds.
+
+The sync path reads the inner model's iterator in a worker thread so that a
+wait can time out (`Pump`); the async path keeps one timer per stream and
+cancels the waiting task when a wait lasts too long (`with_idle_timeout`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.errors import StreamStalledError
+
+__all__ = ["Pump", "with_idle_timeout"]
+
+
+class Pump:
+    """Reads a blocking iterator in a worker thread so waits can time out."""
+
+    _ITEM, _END, _ERROR = 0, 1, 2
+
+    def __init__(self, source: Iterator[ChatGenerationChunk], timeout: float) -> None:
+        self._source = source
+        self._timeout = timeout
+        self._queue: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(target=context.run, args=(self._run,), daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        put = self._queue.put
+        try:
+            for item in self._source:
+                put((self._ITEM, item))
+                if self._stop.is_set():
+                    break
+            put((self._END, None))
+        except BaseException as exc:
+            put((self._ERROR, exc))
+        finally:
+            close = getattr(self._source, "close", None)
+            if close is not None:
+                close()
+
+    def __iter__(self) -> Iterator[ChatGenerationChunk]:
+        received = 0
+        get = self._queue.get
+        try:
+            while True:
+                try:
+                    kind, item = get(timeout=self._timeout)
+                except queue.Empty:
+                    raise StreamStalledError(self._timeout, received) from None
+                if kind == self._ITEM:
+                    received += 1
+                    yield item
+                elif kind == self._END:
+                    return
+                else:
+                    raise item
+        finally:
+            self._stop.set()
+
+
+class _IdleWatch:
+    """One timer for a whole stream, cancelling the task whose wait for a chunk ran too long.
+
+    A timer per wait (``asyncio.timeout`` around each read) costs about as much
+    as the chunk itself. Here each wait only records when it began; the single
+    timer, when it fires, cancels the waiting task if the current wait has
+    lasted ``timeout`` seconds, and otherwise re-arms itself for that wait's
+    deadline. Time the caller spends between reads never counts.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.expired = False
+        self._loop = asyncio.get_running_loop()
+        self._task: asyncio.Task[Any] | None = None
+        self._since: float | None = None
+        self._handle: asyncio.TimerHandle | None = None
+
+    def begin(self) -> None:
+        """A wait for the next chunk starts now."""
+        self._task = asyncio.current_task()
+        self._since = now = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_at(now + self.timeout, self._check)
+
+    def end(self) -> None:
+        """The wait is over (a chunk, the end, or an error arrived)."""
+        self._since = None
+
+    def stalled(self) -> bool:
+        """After a cancellation: whether it was this watch's, and the only one pending."""
+        return self.expired and self._task is not None and self._task.uncancel() == 0
+
+    def close(self) -> None:
+        """Stop the timer."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _check(self) -> None:
+        self._handle = None
+        if self._since is None or self._task is None:
+            return  # not waiting: the next wait arms the timer again
+        deadline = self._since + self.timeout
+        if self._loop.time() >= deadline:
+            self.expired = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(deadline, self._check)
+
+
+async def with_idle_timeout(
+    source: AsyncIterator[ChatGenerationChunk], idle_timeout: float | None
+) -> AsyncIterator[ChatGenerationChunk]:
+    """Yield from ``source``, raising `StreamStalledError` after ``idle_timeout`` idle seconds."""
+    iterator = source.__aiter__()
+    received = 0
+    watch = _IdleWatch(idle_timeout) if idle_timeout is not None else None
+    try:
+        if watch is None:
+            async for item in iterator:
+                yield item
+            return
+        while True:
+            watch.begin()
+            try:
+                item = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if watch.stalled():
+                    raise StreamStalledError(watch.timeout, received) from None
+                raise
+            finally:
+                watch.end()
+            received += 1
+            yield item
+    finally:
+        if watch is not None:
+            watch.close()
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()

@@ -1,0 +1,433 @@
+"""The turn engine: one recovering turn's state and decisions (pure, no I/O).
+
+The engine takes the turn's settings and what happens (a checkpoint found, a
+chunk received, a failure, a store answer) and returns what to do: chunks to
+yield, a checkpoint to write or delete, events to report, a delay before the
+next attempt, an error to raise. It logs nothing, calls no store and sleeps
+never; the sync and async drivers in ``model.py`` carry its steps out.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.tool import tool_call_chunk
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, dumps_args
+from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.errors import (
+    StreamCheckpointError,
+    StreamCheckpointFencedError,
+    StreamEndedEarlyError,
+    StreamInterruptedError,
+)
+from awaken_langchain.events import AwakenMetadata, RecoveryEvent, Report, warning
+from awaken_langchain.recovery import (
+    Plan,
+    answer_invalid_tool_calls,
+    choose_plan,
+    continuation_messages,
+    estimate_tokens,
+)
+from awaken_langchain.retry import RetryPhase, RetryPolicy
+
+__all__ = ["Step", "TurnEngine", "TurnRequest", "TurnSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSettings:
+    """What the wrapper's fields say about every turn."""
+
+    policy: RetryPolicy
+    model_id: str
+    continuation_prompt: str
+    checkpointing: bool
+    """Whether a store is set."""
+    every_chunks: int = 8
+    every_seconds: float = 0.25
+    keep_for: float | None = 3600.0
+    """Horizon of a complete checkpoint kept until memory commits the turn."""
+    resume_max_age: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """One model call: who made it and what it asks."""
+
+    run_id: uuid.UUID
+    key: str
+    thread_id: str | None
+    messages: Sequence[BaseMessage]
+    fingerprint: str
+    stop: list[str] | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Call arguments passed on to the inner model (tools, tool choice...)."""
+    keep: bool = False
+    """Keep the finished turn's checkpoint, marked complete, until memory commits it."""
+    one_document: bool = False
+    """The answer must be one JSON document: never continued as text."""
+    release_key: str | None = None
+    """The kept checkpoint of the previous turn, which memory now holds."""
+
+
+@dataclass(slots=True)
+class Step:
+    """What a driver does next, in this order: yield, write or delete, report, wait or raise."""
+
+    chunks: list[ChatGenerationChunk] = field(default_factory=list)
+    write: StreamCheckpoint | None = None
+    delete: bool = False
+    reports: list[Report] = field(default_factory=list)
+    delay: float | None = None
+    """Wait this long, then send the next attempt (``None``: no next attempt now)."""
+    error: BaseException | None = None
+    """Raise this (chained to the failure that caused it unless it is that failure)."""
+
+
+def _wrap(chunks: Sequence[AIMessageChunk]) -> list[ChatGenerationChunk]:
+    return [ChatGenerationChunk(message=chunk) for chunk in chunks]
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception, shortened for events and errors."""
+    text = str(exc)
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class TurnEngine:
+    """The state and decisions of one recovering turn.
+
+    Args:
+        settings: The wrapper's settings.
+        request: The model call.
+        clock: ``settings.policy.clock``'s reading when the turn started is taken now.
+    """
+
+    def __init__(self, settings: TurnSettings, request: TurnRequest) -> None:
+        self.settings = settings
+        self.policy = settings.policy
+        self.request = request
+        self.key = request.key
+        self.messages = answer_invalid_tool_calls(request.messages)
+        self.acc = TurnAccumulator(f"lc_run--{request.run_id}", hold_text=request.one_document)
+        self.started = self.policy.clock()
+        self.attempts = 0
+        self.retries = 0
+        self.continuations = 0
+        self.waited = 0.0
+        self.plans: list[str] = []
+        self.interruptions: list[dict[str, Any]] = []
+        self.resumed = False
+        self.continuing = False
+        self.done = False
+        self.epoch: int | None = None
+        self.checkpointing = settings.checkpointing
+        self.store_failing = False
+        self.checkpoint_writes = 0
+        self.kept = False
+        self.cadence = CheckpointCadence(
+            every_chunks=settings.every_chunks,
+            every_seconds=settings.every_seconds,
+            clock=self.policy.clock,
+        )
+
+    # -- opening: adopt a checkpoint ---------------------------------------------------
+
+    def claimed(self, epoch: int) -> None:
+        """The store gave this process the run, at ``epoch``."""
+        self.epoch = epoch
+
+    def resume(self, checkpoint: StreamCheckpoint | None, now: float) -> Step:
+        """Adopt a stored checkpoint of the turn, if it is usable for this request."""
+        if checkpoint is None:
+            return Step()
+        reason = self._unusable(checkpoint, now)
+        if reason is not None:
+            return Step(reports=[warning(RecoveryEvent.CHECKPOINT_IGNORED, self.key, reason)])
+        if checkpoint.complete and any(m.id == checkpoint.message_id for m in self.messages):
+            return Step()  # a turn memory already holds; the next write replaces it
+        self.acc = TurnAccumulator(
+            checkpoint.message_id or self.acc.message_id,
+            checkpoint,
+            hold_text=self.request.one_document,
+        )
+        self.resumed = True
+        out: list[AIMessageChunk] = []
+        if checkpoint.partial_text:
+            out.append(AIMessageChunk(content=checkpoint.partial_text, id=self.acc.message_id))
+        for call in checkpoint.completed_tool_calls:
+            out.append(
+                AIMessageChunk(
+                    content="",
+                    id=self.acc.message_id,
+                    tool_call_chunks=[
+                        tool_call_chunk(
+                            name=call.name,
+                            args=dumps_args(call.args),
+                            id=call.id or None,
+                            index=call.index,
+                        )
+                    ],
+                )
+            )
+        if checkpoint.complete:  # finished before memory committed it: no request needed
+            self.done = True
+            resumed_as = "complete"
+        else:
+            plan = self._plan(
+                text=checkpoint.partial_text,
+                completed=len(checkpoint.completed_tool_calls),
+                in_flight=checkpoint.in_flight_tool_call is not None,
+            )
+            self.plans.append(plan.value)
+            if plan is Plan.FINISH_WITH_TOOL_CALLS:
+                self.done = True
+            else:
+                self.continuing = plan in (Plan.CONTINUE_TEXT, Plan.DROP_TOOL_AND_CONTINUE)
+            resumed_as = plan.value
+        data = {
+            "key": self.key,
+            "plan": resumed_as,
+            "chars": len(checkpoint.partial_text),
+            "tool_calls": len(checkpoint.completed_tool_calls),
+        }
+        return Step(chunks=_wrap(out), reports=[Report(RecoveryEvent.RESUME, data)])
+
+    def _unusable(self, checkpoint: StreamCheckpoint, now: float) -> str | None:
+        key = self.key
+        if checkpoint.model and checkpoint.model != self.settings.model_id:
+            return (
+                f"checkpoint {key!r} was made for model {checkpoint.model!r}, "
+                f"not {self.settings.model_id!r}; starting the turn afresh"
+            )
+        if checkpoint.fingerprint and checkpoint.fingerprint != self.request.fingerprint:
+            return (
+                f"checkpoint {key!r} was made for another request (different messages, "
+                "tools or settings); starting the turn afresh"
+            )
+        thread = self.request.thread_id
+        if checkpoint.thread_id and thread and checkpoint.thread_id != thread:
+            return (
+                f"checkpoint {key!r} belongs to thread {checkpoint.thread_id!r}, "
+                f"not {thread!r}; starting the turn afresh"
+            )
+        max_age = self.settings.resume_max_age
+        if max_age is not None and now - checkpoint.updated_at > max_age:
+            return (
+                f"checkpoint {key!r} is {now - checkpoint.updated_at:.0f} s old, "
+                f"older than resume_max_age={max_age:g} s; starting the turn afresh"
+            )
+        return None
+
+    # -- attempts ------------------------------------------------------------------------
+
+    def next_request(self) -> list[BaseMessage] | None:
+        """Begin an attempt and return the messages to send, or ``None`` when done."""
+        if self.done:
+            return None
+        self.attempts += 1
+        self.acc.begin_attempt(continuing=self.continuing)
+        if self.continuing:
+            return continuation_messages(
+                self.messages, self.acc.text, self.settings.continuation_prompt
+            )
+        return list(self.messages)
+
+    def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
+        """Feed one inner chunk; return the chunks to yield and whether to checkpoint now."""
+        out = self.acc.feed(generation)
+        return out, self.cadence.observe() and self.checkpointing
+
+    def check_complete(self) -> None:
+        """Raise `StreamEndedEarlyError` when the attempt ended without a terminal signal."""
+        if not self.acc.terminal:
+            raise StreamEndedEarlyError(chunks_received=self.acc.chunks_in_attempt)
+
+    def _plan(self, *, text: str, completed: int, in_flight: bool) -> Plan:
+        plan = choose_plan(text=text, completed_tool_calls=completed, in_flight_tool_call=in_flight)
+        if self.request.one_document and plan in (Plan.CONTINUE_TEXT, Plan.DROP_TOOL_AND_CONTINUE):
+            return Plan.RESTART  # held back, never shown: the document starts again
+        return plan
+
+    def on_failure(self, exc: Exception) -> Step:
+        """Decide what to do about an interruption of the current attempt."""
+        held = _wrap(self.acc.end_of_text())
+        if self.acc.terminal:  # the answer was complete; only the epilogue broke
+            self.done = True
+            return Step(chunks=held)
+        text = self.acc.text
+        plan = self._plan(
+            text=text, completed=len(self.acc.completed), in_flight=self.acc.in_flight is not None
+        )
+        phase = RetryPhase.BEFORE_OUTPUT if plan is Plan.RESTART else RetryPhase.AFTER_OUTPUT
+        count = self.retries + 1 if phase is RetryPhase.BEFORE_OUTPUT else self.continuations + 1
+        if plan is Plan.FINISH_WITH_TOOL_CALLS:
+            info = self.policy.classify(exc)
+            if not info.retryable:
+                return Step(chunks=held, write=self.snapshot(), error=exc)
+            self.plans.append(plan.value)
+            cut = self.acc.cut_off_in_flight()
+            self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
+            self.done = True
+            finished: dict[str, Any] = {
+                "plan": plan.value,
+                "cause": info.kind.value,
+                "error": describe(exc),
+                "cut_off_tool_call": cut.name if cut else None,
+            }
+            return Step(
+                chunks=held,
+                write=self.snapshot(),
+                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished)],
+            )
+        decision = self.policy.should_retry(
+            exc, attempt=count, elapsed=self.policy.clock() - self.started, phase=phase
+        )
+        info = decision.error
+        if not info.retryable:
+            return Step(chunks=held, write=self.snapshot(), error=exc)
+        self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
+        if not decision.retry:
+            partial = (
+                self.acc.message({**self.metadata(), "interrupted": True})
+                if (text or self.acc.completed)
+                else None
+            )
+            error = StreamInterruptedError(
+                f"the streamed turn could not be recovered: {decision.reason}; "
+                f"last failure: {describe(exc)}",
+                partial=partial,
+                cause=exc,
+                attempts=self.attempts,
+            )
+            return Step(chunks=held, write=self.snapshot(), error=error)
+        self.plans.append(plan.value)
+        if phase is RetryPhase.BEFORE_OUTPUT:
+            self.retries += 1
+        else:
+            self.continuations += 1
+        self.continuing = plan is not Plan.RESTART
+        self.waited += decision.delay
+        data: dict[str, Any] = {
+            "plan": plan.value,
+            "cause": info.kind.value,
+            "status_code": info.status_code,
+            "retry_after": info.retry_after,
+            "delay": decision.delay,
+            "attempt": self.attempts,
+            "error": describe(exc),
+            "chars_so_far": len(text),
+        }
+        if self.request.one_document:
+            data["one_document"] = True
+        event = RecoveryEvent.RETRY if plan is Plan.RESTART else RecoveryEvent.CONTINUATION
+        return Step(
+            chunks=held,
+            write=self.snapshot(),
+            reports=[Report(event, data)],
+            delay=decision.delay,
+        )
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def snapshot(self) -> StreamCheckpoint | None:
+        """The checkpoint to write now, or ``None`` when nothing changed since the last."""
+        if not self.checkpointing or not self.cadence.dirty:
+            return None
+        self.cadence.written()
+        return self._record()
+
+    def _record(self, *, complete: bool = False) -> StreamCheckpoint:
+        self.checkpoint_writes += 1
+        return self.acc.snapshot(
+            run_id=self.key,
+            thread_id=self.request.thread_id,
+            model=self.settings.model_id,
+            fingerprint=self.request.fingerprint,
+            retry_count=self.retries + self.continuations,
+            epoch=self.epoch or 0,
+            complete=complete,
+            keep_for=self.settings.keep_for if complete else None,
+        )
+
+    def store_unavailable(self, exc: StreamCheckpointError) -> list[Report]:
+        """The store failed when the turn opened: the turn goes on without checkpoints."""
+        self.checkpointing = False
+        message = f"checkpoint store failed; the turn goes on without it: {exc}"
+        return [warning(RecoveryEvent.CHECKPOINT_WARNING, self.key, message)]
+
+    def release_failed(self, exc: StreamCheckpointError) -> list[Report]:
+        """The previous turn's kept checkpoint could not be deleted."""
+        message = f"could not delete the checkpoint of a turn memory has committed: {exc}"
+        return [warning(RecoveryEvent.CHECKPOINT_WARNING, self.key, message)]
+
+    def store_answered(self) -> list[Report]:
+        """A store call succeeded: report the recovery of a failing store, once."""
+        self.cadence.write_ended()
+        if not self.store_failing:
+            return []
+        self.store_failing = False
+        data = {"key": self.key}
+        return [Report(RecoveryEvent.CHECKPOINT_RECOVERED, data, "checkpoint store answers again")]
+
+    def store_failed(self, exc: StreamCheckpointError, *, closing: bool = False) -> list[Report]:
+        """A store call failed: degrade checkpointing, reporting it once per outage."""
+        self.cadence.write_ended()
+        if closing:
+            self.kept = False
+        if isinstance(exc, StreamCheckpointFencedError):
+            self.checkpointing = False
+            message = f"fenced out of run {self.key!r}; stopped checkpointing this turn: {exc}"
+            return [warning(RecoveryEvent.CHECKPOINT_WARNING, self.key, message)]
+        if self.store_failing:
+            return []
+        self.store_failing = True
+        message = f"checkpoint store failed; the turn goes on without it: {exc}"
+        return [warning(RecoveryEvent.CHECKPOINT_WARNING, self.key, message)]
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def close(self) -> Step:
+        """End the turn: release held text, then write the kept record or delete."""
+        self.done = True
+        held = _wrap(self.acc.end_of_turn())
+        if not self.checkpointing:
+            return Step(chunks=held)
+        if self.request.keep:
+            self.kept = True
+            return Step(chunks=held, write=self._record(complete=True))
+        return Step(chunks=held, delete=True)
+
+    def metadata(self) -> AwakenMetadata:
+        """What recovery happened, for ``response_metadata["awaken"]``."""
+        regenerated = self.acc.discarded_chars + self.acc.seam_removed_chars
+        return {
+            "attempts": self.attempts,
+            "plans": list(self.plans),
+            "retries": self.retries,
+            "continuations": self.continuations,
+            "resumed": self.resumed,
+            "interruptions": list(self.interruptions),
+            "seconds_waited": round(self.waited, 6),
+            "regenerated_output_tokens": estimate_tokens(regenerated),
+            "checkpoint_key": self.key if self.settings.checkpointing else None,
+            "checkpoint_writes": self.checkpoint_writes,
+            "checkpoint_complete": self.kept and self.checkpointing,
+            "one_document": self.request.one_document,
+            "not_executed": self.acc.not_executed(),
+        }
+
+    def final(self) -> list[ChatGenerationChunk]:
+        """The chunk that closes the turn: usage, metadata, calls that will not run."""
+        return _wrap([self.acc.final_chunk(self.metadata())])
+
+    def message(self) -> AIMessage:
+        """The whole turn as one message (for ``invoke`` without streaming)."""
+        return self.acc.message(self.metadata())

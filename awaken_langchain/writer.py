@@ -1,0 +1,197 @@
+"""Checkpoint writes off the stream's path: a writer per store, coalescing and batching.
+
+A stream never waits for its store. It hands the latest state of its turn to
+the store's writer and goes on; the writer, a background thread, keeps only the
+newest checkpoint of each run (a checkpoint holds the whole turn so far, so an
+older one adds nothing) and commits every pending run in one batch
+(`StreamCheckpointStore.put_many`: one transaction, one pipeline). Operations a
+turn must see the end of (opening a run, the closing write, a delete before a
+memory commit) go through the same thread, after the run's pending writes, and
+are waited for at most ``deadline`` seconds.
+
+A store that fails or hangs therefore costs a stream one warning, not its
+speed: `CheckpointWriter.problem` tells the turn that writes of its run failed
+or that the writer has been stuck longer than the deadline, and the turn goes
+on; when the store answers again, pending writes go through and the turn
+reports the recovery.
+
+Durability: after a crash, the store holds a turn up to its last committed
+batch, at most one cadence window plus one batch behind the stream; a record
+is never torn or mixed (each store write is atomic), and a run's closing write
+or delete is never reordered with its earlier writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
+
+from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.errors import StreamCheckpointError
+
+__all__ = ["CheckpointWriter", "StoreStalledError", "writer_for"]
+
+T = TypeVar("T")
+
+_IDLE_EXIT = 5.0
+"""Seconds the writer thread waits for work before it exits (it restarts on demand)."""
+_ATTRIBUTE = "_awaken_writer"
+_REGISTRY_LOCK = threading.Lock()
+
+
+class StoreStalledError(StreamCheckpointError):
+    """The store did not answer within the checkpoint deadline."""
+
+
+class CheckpointWriter:
+    """Commits checkpoints of many runs to one store from a background thread.
+
+    Args:
+        store: The store written to.
+        clock: Monotonic clock, to measure how long the store has been busy.
+    """
+
+    def __init__(
+        self, store: StreamCheckpointStore, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.store = store
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._puts: dict[str, StreamCheckpoint] = {}
+        self._ops: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._failed: dict[str, StreamCheckpointError] = {}
+        self._busy_since: float | None = None
+        self._thread: threading.Thread | None = None
+        self._pid = os.getpid()
+
+    # -- what streams call ------------------------------------------------------------
+
+    def submit(self, checkpoint: StreamCheckpoint) -> None:
+        """Hand over the newest state of a run; returns at once."""
+        with self._cond:
+            self._puts[checkpoint.run_id] = checkpoint
+            self._wake()
+
+    def call(self, action: Callable[[], T]) -> Future[T]:
+        """Run ``action`` on the writer thread after the writes pending now."""
+        future: Future[T] = Future()
+        with self._cond:
+            self._ops.append((action, future))
+            self._wake()
+        return future
+
+    def wait(self, future: Future[T], deadline: float) -> T:
+        """The result of ``future`` (sync), or `StoreStalledError` after ``deadline`` s."""
+        try:
+            return future.result(timeout=deadline)
+        except FutureTimeout:
+            raise self._stalled(deadline) from None
+
+    async def await_(self, future: Future[T], deadline: float) -> T:
+        """The result of ``future`` (async), or `StoreStalledError` after ``deadline`` s."""
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), deadline)
+        except TimeoutError:
+            raise self._stalled(deadline) from None
+
+    def problem(self, run_id: str, deadline: float) -> StreamCheckpointError | None:
+        """Why writes of ``run_id`` are not reaching the store now, or ``None``."""
+        with self._cond:
+            failed = self._failed.get(run_id)
+            busy = self._busy_since
+        if failed is not None:
+            return failed
+        if busy is not None and self._clock() - busy > deadline:
+            return self._stalled(deadline)
+        return None
+
+    def forget(self, run_id: str) -> None:
+        """Drop what the writer remembers of a finished run's failures."""
+        with self._cond:
+            self._failed.pop(run_id, None)
+
+    @property
+    def pending(self) -> int:
+        """Runs and operations not yet handed to the store."""
+        with self._cond:
+            return len(self._puts) + len(self._ops)
+
+    # -- the thread -------------------------------------------------------------------
+
+    def _stalled(self, deadline: float) -> StoreStalledError:
+        return StoreStalledError(
+            f"{type(self.store).__name__} did not answer within {deadline:g} s; the turn "
+            "goes on without checkpoints until it does "
+            "(RecoveringChatModel(checkpoint_deadline=...) sets the wait)"
+        )
+
+    def _wake(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(
+                target=self._loop, name="awaken-checkpoint-writer", daemon=True
+            )
+            self._thread.start()
+        self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                idle_since = time.monotonic()
+                while not self._puts and not self._ops:
+                    remaining = _IDLE_EXIT - (time.monotonic() - idle_since)
+                    if remaining <= 0:
+                        self._thread = None
+                        return
+                    self._cond.wait(remaining)
+                puts = list(self._puts.values())
+                self._puts.clear()
+                ops = list(self._ops)
+                self._ops.clear()
+                self._busy_since = self._clock()
+            try:
+                if puts:
+                    self._commit(puts)
+                for action, future in ops:
+                    if future.set_running_or_notify_cancel():
+                        try:
+                            future.set_result(action())
+                        except BaseException as exc:
+                            future.set_exception(exc)
+            finally:
+                with self._cond:
+                    self._busy_since = None
+
+    def _commit(self, puts: list[StreamCheckpoint]) -> None:
+        try:
+            errors = self.store.put_many(puts)
+        except StreamCheckpointError as exc:
+            errors = [exc] * len(puts)
+        except Exception as exc:  # a store must raise StreamCheckpointError; never die here
+            wrapped = StreamCheckpointError(f"{type(self.store).__name__}.put failed", cause=exc)
+            errors = [wrapped] * len(puts)
+        with self._cond:
+            for checkpoint, error in zip(puts, errors, strict=True):
+                if error is None:
+                    self._failed.pop(checkpoint.run_id, None)
+                else:
+                    self._failed[checkpoint.run_id] = error
+
+
+def writer_for(store: StreamCheckpointStore) -> CheckpointWriter:
+    """The writer of ``store`` (one per store object and process)."""
+    writer = store.__dict__.get(_ATTRIBUTE)
+    if isinstance(writer, CheckpointWriter) and writer._pid == os.getpid():
+        return writer
+    with _REGISTRY_LOCK:
+        writer = store.__dict__.get(_ATTRIBUTE)
+        if not isinstance(writer, CheckpointWriter) or writer._pid != os.getpid():
+            writer = CheckpointWriter(store)
+            store.__dict__[_ATTRIBUTE] = writer
+        return writer

@@ -1,0 +1,279 @@
+"""Seam de-duplication: only real repeats are removed, and never a character of real text."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from awaken_langchain.recovery import SeamFilter as ReExported
+from awaken_langchain.seam import SeamFilter, is_word_start
+
+VOCABULARY = """
+the report is based one small study so authors are careful they say result may not hold
+elsewhere will be better to wait for second survey then she helped team rewrite summary
+which had three drafts already numbers like 1000 2024 internationalization
+responsibilities implementation
+"""
+WORDS = VOCABULARY.split()
+"""A vocabulary in which no word ends with another (see the first test)."""
+PUNCTUATION = ["", "", "", ",", ".", ":", ";", ")", "?"]
+SEPARATORS = [" ", " ", " ", " ", "\n", "\n\n", "\n  ", "\n    ", "  ", "\t"]
+CJK_VOCABULARY = "我们 今天 东京 樱花 天气 大家 高兴 研究 问题 需要 时间 应该 データ 結果 画面 表示"
+CJK_WORDS = CJK_VOCABULARY.split()
+CJK_PUNCTUATION = ["", "", "\uff0c", "\u3002"]
+"""Nothing, or a CJK comma or full stop."""
+
+
+def run(prefix: str, pieces: list[str]) -> str:
+    seam = SeamFilter(prefix)
+    return "".join(seam.feed(p) for p in pieces) + seam.flush()
+
+
+def continued(prefix: str, continuation: str) -> str:
+    """What the caller ends up with: the prefix, then the filtered continuation."""
+    return prefix + run(prefix, [continuation])
+
+
+@st.composite
+def prose(draw: st.DrawFn, *, unique: bool = False) -> str:
+    """Words with punctuation, joined by spaces, newlines and indentation."""
+    words = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=30, unique=unique))
+    parts = [draw(st.sampled_from(SEPARATORS)) if draw(st.booleans()) else ""]
+    for word in words:
+        parts += [word, draw(st.sampled_from(PUNCTUATION)), draw(st.sampled_from(SEPARATORS))]
+    return "".join(parts[:-1]) + draw(st.sampled_from(["", "\n", " "]))
+
+
+@st.composite
+def cjk(draw: st.DrawFn) -> str:
+    """CJK words and punctuation, without spaces."""
+    words = draw(st.lists(st.sampled_from(CJK_WORDS), min_size=1, max_size=12, unique=True))
+    return "".join(w + draw(st.sampled_from(CJK_PUNCTUATION)) for w in words)
+
+
+def cuts(text: str) -> range:
+    """Every cut after which the caller holds some non-whitespace text."""
+    first = len(text) - len(text.lstrip())
+    return range(first + 1, len(text))
+
+
+def exact(text: str, cut: int) -> tuple[str, str]:
+    """The prefix a caller saw, and an exact provider's continuation of it."""
+    prefix = text[:cut]
+    return prefix, text[len(prefix.rstrip()) :]
+
+
+def test_the_vocabulary_has_no_word_ending_with_another() -> None:
+    assert not [(a, b) for a in WORDS for b in WORDS if a != b and a.endswith(b)]
+
+
+def test_seam_filter_is_re_exported_from_recovery() -> None:
+    assert ReExported is SeamFilter
+
+
+# -- properties ---------------------------------------------------------------------------
+
+
+@given(prose())
+def test_an_exact_continuation_gives_the_uncut_text_at_every_cut(text: str) -> None:
+    for cut in cuts(text):
+        assert continued(*exact(text, cut)) == text
+
+
+@given(cjk())
+def test_an_exact_cjk_continuation_gives_the_uncut_text_at_every_cut(text: str) -> None:
+    for cut in cuts(text):
+        assert continued(*exact(text, cut)) == text
+
+
+@given(st.text())
+def test_any_exact_continuation_that_starts_with_whitespace_is_kept_whole(text: str) -> None:
+    for cut in cuts(text):
+        prefix, continuation = exact(text, cut)
+        if continuation[:1].isspace():
+            assert continued(prefix, continuation) == text
+
+
+def _restart(prefix: str, words: int) -> int:
+    starts = [i for i in range(len(prefix)) if is_word_start(prefix, i)]
+    return starts[-words]
+
+
+@given(prose(unique=True), st.integers(2, 6), st.data())
+def test_a_repeat_of_two_or_more_words_is_removed(
+    text: str, words: int, data: st.DataObject
+) -> None:
+    for cut in cuts(text):
+        prefix = text[:cut]
+        sent = prefix.rstrip()
+        if sum(is_word_start(sent, i) for i in range(len(sent))) < words:
+            continue
+        continuation = text[_restart(sent, words) :]
+        assert continued(prefix, continuation) == text
+
+
+@given(prose(unique=True))
+def test_one_repeated_word_is_removed_only_from_12_characters(text: str) -> None:
+    for cut in cuts(text):
+        prefix = text[:cut]
+        sent = prefix.rstrip()
+        start = _restart(sent, 1)
+        word = sent[start:]
+        expected = text if len(word) >= 12 else prefix + text[start:]
+        assert continued(prefix, text[start:]) == expected
+
+
+@given(cjk(), st.integers(1, 3))
+def test_a_cjk_repeat_is_removed_from_four_characters(text: str, words: int) -> None:
+    for cut in cuts(text):
+        prefix = text[:cut]
+        starts = [i for i in range(len(prefix)) if is_word_start(prefix, i)]
+        if len(starts) < words * 2:
+            continue
+        restart = starts[-words * 2]  # about two characters per word
+        repeat = prefix[restart:]
+        letters = sum(c.isalnum() for c in repeat)
+        expected = text if letters >= 4 else prefix + text[restart:]
+        assert continued(prefix, text[restart:]) == expected
+
+
+@st.composite
+def seams(draw: st.DrawFn) -> tuple[str, str, list[int]]:
+    """A prefix, a continuation that often repeats its end, and where to split it."""
+    alphabet = st.sampled_from(list("ab ab\n -研究"))
+    prefix = draw(st.text(alphabet, max_size=40))
+    start = draw(st.integers(0, len(prefix)))
+    continuation = prefix[start:] + draw(st.text(alphabet, max_size=20))
+    splits = draw(st.lists(st.integers(0, len(continuation)), max_size=8))
+    return prefix, continuation, sorted(splits)
+
+
+@settings(max_examples=300)
+@given(seams())
+def test_any_chunking_gives_the_same_text_as_feeding_it_whole(
+    seam: tuple[str, str, list[int]],
+) -> None:
+    prefix, continuation, splits = seam
+    bounds = [0, *splits, len(continuation)]
+    pieces = [continuation[a:b] for a, b in itertools.pairwise(bounds)]
+    assert run(prefix, pieces) == run(prefix, [continuation])
+    assert run(prefix, list(continuation)) == run(prefix, [continuation])
+
+
+# -- named regressions ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("prefix", "continuation"),
+    [
+        ("The summary is based on", " one small study."),
+        ("I think it will be", " better tomorrow."),
+        ("Then he", " helped the team."),
+        ("The town had 1000", "000 people."),
+        ("zeta theta", " eta iota"),
+        ("zeta theta", "eta iota"),
+    ],
+)
+def test_a_word_that_begins_like_the_prefixs_last_word_is_kept(
+    prefix: str, continuation: str
+) -> None:
+    assert continued(prefix, continuation) == prefix + continuation
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{\n  "a": 1,\n  "b": 2\n}',
+        "- item one\n  - nested item\n  - another\n- item two",
+        "def f():\n    if x:\n        return 1\n    return 2\n",
+    ],
+)
+def test_indentation_at_the_seam_is_kept(text: str) -> None:
+    for cut in cuts(text):
+        assert continued(*exact(text, cut)) == text
+
+
+def test_json_cut_before_an_indented_line_keeps_the_indentation() -> None:
+    assert run('{\n  "a": 1,\n', ['\n  "b": 2\n}']) == '  "b": 2\n}'
+
+
+@pytest.mark.parametrize(("prefix", "word"), [("He said that", " that"), ("She had", " had")])
+def test_a_single_repeated_short_word_is_kept(prefix: str, word: str) -> None:
+    assert continued(prefix, word + " it.") == prefix + word + " it."
+    assert continued(prefix, word.strip() + " it.") == prefix + word.strip() + " it."
+
+
+def test_a_repeated_sentence_is_removed() -> None:
+    prefix = "First things first. The second sentence is cut of"
+    assert continued(prefix, "The second sentence is cut off here.") == prefix + "f here."
+
+
+def test_a_paragraph_longer_than_1024_characters_is_removed() -> None:
+    paragraph = " ".join(f"Sentence {n} says something new." for n in range(60))
+    assert len(paragraph) > 1_500
+    prefix = "Intro.\n\n" + paragraph
+    pieces = list(paragraph + "\n\nNext.")
+    assert prefix + run(prefix, pieces) == prefix + "\n\nNext."
+
+
+def test_a_repeat_of_a_large_prefix_is_removed_when_fed_one_character_at_a_time() -> None:
+    prefix = " ".join(f"word{n}" for n in range(40_000))  # about 270 KB
+    repeat = prefix[prefix.index(" ", len(prefix) - 20_000) + 1 :]
+    seam = SeamFilter(prefix)
+    out = "".join(seam.feed(c) for c in repeat + " and more") + seam.flush()
+    assert out == " and more"
+    assert seam.removed_chars == len(repeat)
+
+
+def test_a_rule_line_cut_in_the_middle_is_kept() -> None:
+    text = "Title\n\n" + "-" * 40 + "\n\nBody."
+    for cut in cuts(text):
+        assert continued(*exact(text, cut)) == text
+
+
+def test_cjk_reduplication_is_kept_and_four_repeated_characters_are_removed() -> None:
+    assert continued("他说研究", "研究这个问题") == "他说研究研究这个问题"
+    assert continued("他说研究这个", "研究这个问题") == "他说研究这个问题"
+
+
+# -- streaming ------------------------------------------------------------------------------
+
+
+def test_text_that_cannot_be_a_repeat_is_released_at_once() -> None:
+    seam = SeamFilter("The quick brown fox ")
+    assert seam.feed("z") == "z"
+    assert not seam.pending
+
+
+def test_text_is_held_only_while_it_could_still_be_a_repeat() -> None:
+    seam = SeamFilter("The quick brown fox ")
+    released = [seam.feed(c) for c in "quick brown fox jumps"]
+    assert released[:15] == [""] * 15  # "quick brown fox" could be (and is) the repeat
+    assert "".join(released) == "jumps"
+    seam = SeamFilter("The quick brown fox ")
+    released = [seam.feed(c) for c in "quick bread"]
+    assert released[8:] == ["quick bre", "a", "d"]  # released once "bre" is not "bro"
+
+
+def test_after_the_decision_the_filter_is_a_pass_through() -> None:
+    seam = SeamFilter("The quick brown ")
+    assert seam.feed(" fox") == "fox"
+    assert not seam.active
+    text = " jumps over"
+    assert seam.feed(text) is text
+
+
+def test_the_stripped_whitespace_is_dropped_across_pieces() -> None:
+    seam = SeamFilter("Line one\n   ")
+    assert [seam.feed(p) for p in ["\n", " ", "  x"]] == ["", "", "x"]
+    assert seam.removed_chars == 4
+
+
+def test_flush_releases_a_possible_repeat_that_never_completed() -> None:
+    seam = SeamFilter("The quick brown fox ")
+    assert seam.feed("quick bro") == ""
+    assert seam.flush() == "quick bro"
+    assert not seam.active
