@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import unicodedata
 from types import ModuleType
 
 
@@ -55,3 +56,32 @@ def require_provider(provider: str, purpose: str) -> ModuleType:
     """Import the LangChain integration of ``provider`` (``openai`` or ``anthropic``)."""
     module, extra = PROVIDER_EXTRAS[provider]
     return require(module, extra, purpose=purpose)
+
+
+INSTALL_CLI = "pip install 'awaken-langchain[cli]'"
+"""How to install what the command line needs (``rich``)."""
+
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+"""Control, format (bidi overrides...), lone surrogate and line/paragraph separator characters."""
+
+
+def visible(text: str, *, keep: str = "") -> str:
+    r"""Return ``text`` as a terminal may show it: every hidden character escaped.
+
+    Control characters (``\x1b`` that would clear the screen), format characters
+    (bidi overrides that reorder what is shown), lone surrogates and line
+    separators are written as Python escapes (``\x1b``, ``\u202e``), so that
+    stored text is shown literally and can never act on the terminal.
+
+    Args:
+        text: The text to show.
+        keep: Characters shown as themselves (``"\n\t"`` for multi-line text).
+    """
+    if text.isprintable():
+        return text  # the common case: nothing to escape
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if char not in keep and unicodedata.category(char) in _HIDDEN_CATEGORIES
+        else char
+        for char in text
+    )

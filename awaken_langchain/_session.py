@@ -8,6 +8,7 @@ the terminal view of a turn.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from langchain_core.outputs import ChatGenerationChunk, LLMResult
 from rich.console import Console
 from rich.text import Text
 
-from awaken_langchain._extras import require_agents
+from awaken_langchain._extras import require_agents, visible
 from awaken_langchain.history import release_committed
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
@@ -31,6 +32,37 @@ CHECKPOINTS_DIR = "checkpoints"
 """The checkpoint store's directory inside ``--dir``."""
 MEMORY_FILE = "memory.sqlite"
 """The LangGraph memory's database inside ``--dir``."""
+
+
+MEMORY_SIDE_FILES = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps next to a database while it writes it."""
+
+
+def private_directory(path: Path) -> Path:
+    """Create ``path`` and any missing parents private to the owner (0700), whatever the umask.
+
+    A directory that already exists keeps its mode (it may be shared on
+    purpose, like the current directory); what this package writes in it is
+    private on its own.
+    """
+    missing = [p for p in (path, *path.parents) if not p.exists()]
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for created in missing:
+        os.chmod(created, 0o700)
+    return path
+
+
+def private_database(path: Path) -> sqlite3.Connection:
+    """Open a SQLite database whose file and side files are private (0600), whatever the umask.
+
+    The file is created private before SQLite first opens it: SQLite gives its
+    -wal and -shm files the database file's mode.
+    """
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
+    for name in (path.name, *(path.name + suffix for suffix in MEMORY_SIDE_FILES)):
+        if (path.parent / name).exists():
+            os.chmod(path.parent / name, 0o600)
+    return sqlite3.connect(path, check_same_thread=False)
 
 
 @dataclass
@@ -61,7 +93,8 @@ def assemble_agent(
 
     Args:
         directory: Holds the checkpoint store (``checkpoints/``) and the memory
-            (``memory.sqlite``); created if missing.
+            (``memory.sqlite``); created private (0700) if missing. The memory
+            database and its side files are private (0600).
         client: The provider's chat model.
         tools: The agent's tools.
         retry_policy: The wrapper's retry policy (the default when ``None``).
@@ -72,9 +105,9 @@ def assemble_agent(
     from langchain.agents import create_agent
     from langgraph.checkpoint.sqlite import SqliteSaver
 
-    directory.mkdir(parents=True, exist_ok=True)
+    private_directory(directory)
     store = DiskCacheStreamCheckpointStore(checkpoints or directory / CHECKPOINTS_DIR)
-    connection = sqlite3.connect(directory / MEMORY_FILE, check_same_thread=False)
+    connection = private_database(directory / MEMORY_FILE)
     model = RecoveringChatModel(
         model=client, store=store, retry_policy=retry_policy or RetryPolicy(), **settings
     )
@@ -183,13 +216,13 @@ class Screen:
         self._newline()
         self._label_due = False
         self.console.print()
-        self.console.rule(Text(title, style="bold"))
-        self.console.print(Text(detail, style="dim"))
+        self.console.rule(_shown(title, "bold"))
+        self.console.print(_shown(detail, "dim"))
 
     def user(self, text: str) -> None:
         """Show the user's message; the model's answer follows."""
         self._newline()
-        self.console.print(Text.assemble(("user  ", "bold cyan"), text))
+        self.console.print(Text.assemble(("user  ", "bold cyan"), _shown(text)))
         self._label_due = True
 
     def answer_follows(self) -> None:
@@ -201,12 +234,12 @@ class Screen:
         """Show a line of commentary."""
         self._newline()
         if text:
-            self.console.print(Text(text, style=style))
+            self.console.print(_shown(text, style))
 
     def marker(self, symbol: str, text: str, style: str) -> None:
         """Mark, on its own line, where something happened in the stream."""
         self._newline()
-        self.console.print(Text.assemble((f"  {symbol} ", style), (text, style)))
+        self.console.print(Text.assemble((f"  {symbol} ", style), _shown(text, style)))
         self._label_due = True
 
     def token(self, text: str) -> None:
@@ -215,9 +248,9 @@ class Screen:
         if self._replay > 0:
             replayed, text = text[: self._replay], text[self._replay :]
             self._replay -= len(replayed)
-            self.console.print(Text(replayed, style="dim italic"), end="", soft_wrap=True)
+            self.console.print(_shown(replayed, "dim italic"), end="", soft_wrap=True)
         if text:
-            self.console.print(Text(text), end="", soft_wrap=True)
+            self.console.print(_shown(text), end="", soft_wrap=True)
         self._column += len(text) or 1
 
     def record(self, record: Record) -> None:
@@ -267,6 +300,11 @@ class Screen:
             )
         else:
             self.marker("!", f"{name}: {data.get('message', data)}", "bold red")
+
+
+def _shown(text: str, style: str = "") -> Text:
+    """Model or user text as the terminal shows it: no markup, control characters escaped."""
+    return Text(visible(text, keep="\n\t"), style=style)
 
 
 _PLAN_ACTIONS = {

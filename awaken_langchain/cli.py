@@ -13,43 +13,110 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import re
 import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-from awaken_langchain._extras import PROVIDER_EXTRAS, CommandError, require, require_agents
+from awaken_langchain._extras import (
+    INSTALL_CLI,
+    PROVIDER_EXTRAS,
+    CommandError,
+    require,
+    require_agents,
+    visible,
+)
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, encode_checkpoint
 from awaken_langchain.errors import StreamCheckpointError
+
+if TYPE_CHECKING:  # rich is an extra: imported when the command runs, never by the library
+    from rich.console import Console
+    from rich.text import Text
 
 DEFAULT_DIR = Path(".awaken")
 """Where ``demo`` and ``chat`` keep checkpoints and memory unless ``--dir`` says otherwise."""
 
 STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss:// or unix:// URL"
 
+_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword=)([^&#\s'\"]*)")
+"""A ``password=`` URL parameter (redis-py reads the password from one)."""
+
+_SHORTEST_MASKED = 4
+"""Passwords shorter than this are masked only where they stand in a URL, not everywhere."""
+
+
+def _url_parts(spec: str) -> tuple[str, str, str, str] | None:
+    """Split a URL into scheme, user info, the rest of its location, and query plus fragment.
+
+    Tolerant of malformed URLs (``redis://u:pw@host:bad``), unlike ``urlsplit``.
+    """
+    scheme, sep, rest = spec.partition("://")
+    if not sep:
+        return None
+    cut = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
+    userinfo, _, host = rest[:cut].rpartition("@")
+    return scheme, userinfo, host, rest[cut:]
+
+
+def shown_store(spec: str) -> str:
+    """``spec`` as the command prints it: the password of a URL masked as ``***``.
+
+    Masks the user-info password and a ``password=`` parameter, also in a
+    malformed URL, and escapes hidden characters (see :func:`visible`).
+    """
+    parts = _url_parts(spec)
+    if parts is None:
+        return visible(spec)
+    scheme, userinfo, host, tail = parts
+    if ":" in userinfo:
+        userinfo = userinfo.partition(":")[0] + ":***"
+    location = f"{userinfo}@{host}" if userinfo else host
+    return visible(f"{scheme}://{location}" + _PASSWORD_PARAMETER.sub(r"\1***", tail))
+
+
+def _masked(message: str, spec: str) -> str:
+    """``message`` with the passwords of ``spec`` masked, wherever they appear in it.
+
+    A store's own error may quote its URL in another form than ``spec`` (the
+    user-info password masked but not a ``password=`` parameter).
+    """
+    parts = _url_parts(spec)
+    message = message.replace(spec, shown_store(spec)) if spec else message
+    if parts is None:
+        return message
+    _, userinfo, _, tail = parts
+    secrets = [userinfo.partition(":")[2]] + [m[2] for m in _PASSWORD_PARAMETER.finditer(tail)]
+    for secret in secrets:
+        if len(secret) >= _SHORTEST_MASKED:
+            message = message.replace(secret, "***")
+    return _PASSWORD_PARAMETER.sub(r"\1***", message)
+
 
 # -- checkpoint stores by name ---------------------------------------------------------------
 
 
-def open_store(spec: str, *, ttl: float | None = None) -> StreamCheckpointStore:
+def open_store(
+    spec: str, *, ttl: float | None = None, read_only: bool = False
+) -> StreamCheckpointStore:
     """Open the checkpoint store that ``spec`` names.
+
+    A local store must already exist; it is never created here.
 
     Args:
         spec: ``diskcache:PATH``, ``file:PATH``, or a ``redis://``, ``rediss://``
             or ``unix://`` URL.
         ttl: The store's TTL (what ``gc`` removes).
+        read_only: Open a local store for reading only: nothing on disk changes.
 
     Raises:
-        CommandError: If ``spec`` is malformed, names a missing directory, or
-            needs an extra that is not installed.
+        CommandError: If ``spec`` is malformed, needs an extra that is not
+            installed (exit status 2), or names no store (exit status 1).
     """
+    shown = shown_store(spec)
     scheme, sep, rest = spec.partition(":")
     if scheme in ("redis", "rediss", "unix") and sep:
         require("redis", "redis", purpose=f"--store {scheme}://...")
@@ -66,16 +133,13 @@ def open_store(spec: str, *, ttl: float | None = None) -> StreamCheckpointStore:
             )
             return store
         except (ValueError, StreamCheckpointError) as exc:
-            raise CommandError(f"--store {spec}: {exc}") from exc
+            raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
     if scheme in ("diskcache", "file") and sep:
         if not rest:
-            raise CommandError(f"--store {spec} names no directory; write {scheme}:PATH")
+            raise CommandError(f"--store {shown} names no directory; write {scheme}:PATH")
         path = Path(rest).expanduser()
-        if not path.is_dir():
-            raise CommandError(
-                f"--store {spec}: there is no checkpoint directory at {path}"
-                + (" (it is a file)" if path.exists() else "")
-            )
+        if path.exists() and not path.is_dir():
+            raise CommandError(f"--store {shown}: {visible(str(path))} is a file, not a directory")
         from awaken_langchain.stores.diskcache import DiskCacheStreamCheckpointStore
         from awaken_langchain.stores.file import FileStreamCheckpointStore
 
@@ -83,10 +147,15 @@ def open_store(spec: str, *, ttl: float | None = None) -> StreamCheckpointStore:
             DiskCacheStreamCheckpointStore if scheme == "diskcache" else FileStreamCheckpointStore
         )
         try:
-            return store_class(path, ttl=ttl)
+            # Opening read-only first proves a store is there, without creating one.
+            local = store_class(path, ttl=ttl, read_only=True)
+            if not read_only:
+                local.close()
+                local = store_class(path, ttl=ttl)
+            return local
         except StreamCheckpointError as exc:
-            raise CommandError(f"--store {spec}: {exc}") from exc
-    raise CommandError(f"--store {spec!r} is not a checkpoint store; write {STORE_FORMS}")
+            raise CommandError(f"--store {shown}: {exc}", exit_code=1) from exc
+    raise CommandError(f"--store {shown!r} is not a checkpoint store; write {STORE_FORMS}")
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
@@ -119,6 +188,11 @@ def _summary(checkpoint: StreamCheckpoint, now: float) -> dict[str, Any]:
     }
 
 
+def _rows(store: StreamCheckpointStore) -> list[dict[str, Any]]:
+    now = store.clock()
+    return [_row(store, run_id, now) for run_id in store.list_run_ids()]
+
+
 def _age(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -133,47 +207,106 @@ def _size(size: int) -> str:
     return f"{size} B" if size < 10_000 else f"{size / 1024:.0f} KiB"
 
 
+def _literal(value: object, style: str = "", *, keep: str = "") -> Text:
+    """Stored text as rich shows it: no markup, no emoji codes, hidden characters escaped.
+
+    Args:
+        value: What to show (``str()`` of it).
+        style: The rich style of the whole text.
+        keep: Characters shown as themselves (see :func:`visible`).
+    """
+    from rich.text import Text
+
+    return Text(visible(str(value), keep=keep), style=style)
+
+
+_ROOM_PER_COLUMN = 7
+"""Terminal cells each column but the run needs (4 of content, padding and border) for a table."""
+
+_COLUMNS = ("run", "thread", "model", "age", "size", "retries", "epoch", "text", "tools")
+
+
+def _cells(row: dict[str, Any]) -> list[Text]:
+    """The table cells of one readable row, every stored string shown literally."""
+    tools = str(row["completed_tool_calls"]) + (
+        " + 1 cut off" if row["in_flight_tool_call"] else ""
+    )
+    values = (
+        row["run_id"],
+        row["thread_id"] or "-",
+        row["model"] or "-",
+        _age(row["age_seconds"]),
+        _size(row["size_bytes"]),
+        row["retry_count"],
+        row["epoch"],
+        f"{row['text_chars']} chars",
+        tools,
+    )
+    return [_literal(value) for value in values]
+
+
+def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    """Print rows as a table whose run ids are whole, or, if none fits, one block per run.
+
+    Run ids are what an operator copies into ``show`` and ``rm``: they are never
+    cut, folded or shortened; every other column may fold or shrink. Records
+    that cannot be read follow the table, one line each with the reason.
+    """
+    from rich.segment import Segment, Segments
+    from rich.table import Table
+
+    cells = [_cells(row) for row in rows if "error" not in row]
+    widest = max((row[0].cell_len for row in cells), default=3)
+    table = Table(title=_literal(title))
+    for column in _COLUMNS:
+        table.add_column(
+            column,
+            justify="right" if column in ("age", "size", "retries", "epoch") else "left",
+            no_wrap=column == "run",
+            min_width=widest if column == "run" else None,
+        )
+    for row in cells:
+        table.add_row(*row)
+    # a table whose other columns have room to show something, and whose ids are whole
+    roomy = console.width >= widest + _ROOM_PER_COLUMN * (len(_COLUMNS) - 1) + 4
+    lines = console.render_lines(table, console.options, pad=False) if cells and roomy else []
+    rendered = "\n".join("".join(segment.text for segment in line) for line in lines)
+    if lines and all(row[0].plain in rendered for row in cells):
+        console.print(Segments(segment for line in lines for segment in (*line, Segment.line())))
+    else:  # no readable turn, or too narrow a terminal for a table with whole ids
+        console.print(_literal(title, "bold"), soft_wrap=True)
+        for row in cells:
+            console.print(_literal("run ", "bold") + row[0], soft_wrap=True)
+            fields = zip(_COLUMNS[1:], row[1:], strict=True)
+            console.print(_literal("  " + ", ".join(f"{n} {cell.plain}" for n, cell in fields)))
+    for unreadable in (row for row in rows if "error" in row):
+        console.print(
+            _literal("cannot be read: ", "bold red")
+            + _literal(unreadable["run_id"])
+            + _literal(f": {unreadable['error']}", "red"),
+            soft_wrap=True,
+        )
+
+
 def cmd_checkpoints_list(args: argparse.Namespace, console: Console) -> int:
     """List in-flight turns."""
-    with _store(args) as store:
-        now = store.clock()
-        rows = [_row(store, run_id, now) for run_id in store.list_run_ids()]
+    with _store(args, read_only=True) as store:
+        rows = _rows(store)
     if args.json:
         _print_json(console, rows)
         return 0
     if not rows:
-        console.print("No in-flight turns.")
+        console.print(_literal("No in-flight turns."))
         return 0
-    table = Table(title=f"In-flight turns in {args.store}")
-    for column in ("run", "thread", "model", "age", "size", "retries", "epoch", "text", "tools"):
-        table.add_column(
-            column, justify="right" if column in ("age", "size", "retries", "epoch") else "left"
-        )
-    for row in rows:
-        if "error" in row:
-            table.add_row(row["run_id"], Text(row["error"], style="red"), *[""] * 7)
-            continue
-        tools = str(row["completed_tool_calls"]) + (
-            " + 1 cut off" if row["in_flight_tool_call"] else ""
-        )
-        table.add_row(
-            row["run_id"],
-            row["thread_id"] or "-",
-            row["model"] or "-",
-            _age(row["age_seconds"]),
-            _size(row["size_bytes"]),
-            str(row["retry_count"]),
-            str(row["epoch"]),
-            f"{row['text_chars']} chars",
-            tools,
-        )
-    console.print(table)
+    _print_rows(console, rows, f"In-flight turns in {shown_store(args.store)}")
     return 0
 
 
 def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
     """Show one in-flight turn."""
-    with _store(args) as store:
+    from rich.table import Table
+
+    with _store(args, read_only=True) as store:
         try:
             checkpoint = store.get(args.run_id)
         except StreamCheckpointError as exc:
@@ -187,22 +320,27 @@ def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
         _print_json(console, checkpoint.model_dump(mode="json"))
         return 0
     summary = _summary(checkpoint, now)
-    table = Table(show_header=False, title=f"Checkpoint {checkpoint.run_id}")
+    console.print(_literal("Checkpoint ", "bold") + _literal(checkpoint.run_id), soft_wrap=True)
+    table = Table(show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    table.add_row("thread", checkpoint.thread_id or "-")
-    table.add_row("model", checkpoint.model or "-")
-    table.add_row("message id", checkpoint.message_id or "-")
-    table.add_row("age", _age(summary["age_seconds"]))
-    table.add_row("size", _size(summary["size_bytes"]))
-    table.add_row("retries", str(checkpoint.retry_count))
-    table.add_row("epoch", str(checkpoint.epoch))
+    fields: list[tuple[str, str]] = [
+        ("thread", checkpoint.thread_id or "-"),
+        ("model", checkpoint.model or "-"),
+        ("message id", checkpoint.message_id or "-"),
+        ("age", _age(summary["age_seconds"])),
+        ("size", _size(summary["size_bytes"])),
+        ("retries", str(checkpoint.retry_count)),
+        ("epoch", str(checkpoint.epoch)),
+    ]
     for call in checkpoint.completed_tool_calls:
-        table.add_row("tool call", f"{call.name}({json.dumps(call.args)}) id={call.id}")
+        fields.append(("tool call", f"{call.name}({json.dumps(call.args)}) id={call.id}"))
     if checkpoint.in_flight_tool_call is not None:
         cut = checkpoint.in_flight_tool_call
-        table.add_row("cut-off call", f"{cut.name}: {cut.partial_args!r}")
-    table.add_row("text", Text(checkpoint.partial_text or "(none)"))
+        fields.append(("cut-off call", f"{cut.name}: {cut.partial_args!r}"))
+    for name, value in fields:
+        table.add_row(name, _literal(value))
+    table.add_row("text", _literal(checkpoint.partial_text or "(none)", keep="\n\t"))
     console.print(table)
     return 0
 
@@ -218,7 +356,7 @@ def cmd_checkpoints_rm(args: argparse.Namespace, console: Console) -> int:
                 continue
             store.delete(run_id)
             if not args.json:
-                console.print(f"removed {run_id}")
+                console.print(_literal(f"removed {run_id}"), soft_wrap=True)
     if args.json:
         removed = [r for r in args.run_ids if r not in missing]
         _print_json(console, {"removed": removed, "missing": missing})
@@ -232,41 +370,68 @@ def cmd_checkpoints_rm(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_checkpoints_gc(args: argparse.Namespace, console: Console) -> int:
-    """Remove checkpoints not written for longer than ``--older-than``."""
+    """Remove checkpoints not written for longer than ``--older-than``.
+
+    A checkpoint that cannot be read is skipped and reported, never a reason to stop.
+    """
     with _store(args, ttl=args.older_than) as store:
         removed = store.gc()
+        skipped = [row for row in _rows(store) if "error" in row]
     if args.json:
-        _print_json(console, {"removed": removed, "older_than_seconds": args.older_than})
-    else:
-        console.print(
-            f"removed {removed} checkpoint{'s' if removed != 1 else ''} "
-            f"not written for more than {args.older_than:g} s"
+        _print_json(
+            console,
+            {"removed": removed, "older_than_seconds": args.older_than, "skipped": skipped},
         )
+        return 0
+    console.print(
+        f"removed {removed} checkpoint{'s' if removed != 1 else ''} "
+        f"not written for more than {args.older_than:g} s"
+    )
+    if skipped:
+        console.print(
+            _literal(
+                f"skipped {len(skipped)} checkpoint{'s' if len(skipped) != 1 else ''} that "
+                "cannot be read (remove with `awaken-langchain checkpoints rm RUN`):",
+                "yellow",
+            )
+        )
+        for row in skipped:
+            console.print(_literal(f"  {row['run_id']}: {row['error']}"), soft_wrap=True)
     return 0
 
 
 @contextmanager
 def _store(
-    args: argparse.Namespace, *, ttl: float | None = None
+    args: argparse.Namespace, *, ttl: float | None = None, read_only: bool = False
 ) -> Iterator[StreamCheckpointStore]:
-    store = open_store(args.store, ttl=ttl)
+    store = open_store(args.store, ttl=ttl, read_only=read_only)
     try:
         yield store
     except StreamCheckpointError as exc:
-        raise CommandError(f"the checkpoint store failed: {exc}", exit_code=1) from exc
+        raise CommandError(
+            f"the checkpoint store failed: {_masked(str(exc), args.store)}", exit_code=1
+        ) from exc
     finally:
         store.close()
 
 
 def _not_found(run_id: str, store: str) -> str:
+    shown = shown_store(store)
     return (
-        f"no checkpoint for run {run_id!r} in {store}; "
-        f"`awaken-langchain checkpoints list --store {store}` shows the in-flight turns"
+        f"no checkpoint for run {run_id!r} in {shown}; "
+        f"`awaken-langchain checkpoints list --store {shown}` shows the in-flight turns"
     )
 
 
 def _print_json(console: Console, value: Any) -> None:
-    console.file.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+    r"""Print ``value`` as JSON; hidden characters (``\u001b``, ``\u202e``) as JSON escapes."""
+    text = json.dumps(value, indent=2, ensure_ascii=False)
+    if not text.replace("\n", "").isprintable():
+        text = "".join(
+            json.dumps(char)[1:-1] if char != "\n" and visible(char) != char else char
+            for char in text
+        )
+    console.file.write(text + "\n")
     console.file.flush()
 
 
@@ -333,6 +498,8 @@ def chat_model(spec: str, base_url: str | None) -> Any:
 
 def cmd_chat(args: argparse.Namespace, console: Console, stdin: IO[str]) -> int:
     """Chat interactively; every turn is recoverable and committed to memory."""
+    from rich.text import Text
+
     from awaken_langchain._session import (
         CHECKPOINTS_DIR,
         MEMORY_FILE,
@@ -368,9 +535,14 @@ def cmd_chat(args: argparse.Namespace, console: Console, stdin: IO[str]) -> int:
     failures = 0
     try:
         console.print(
-            f"[bold]awaken-langchain chat[/] with {args.model}; thread {thread}; checkpoints in "
-            f"{args.dir / CHECKPOINTS_DIR}, memory in {args.dir / MEMORY_FILE}. "
-            "Type /exit (or end the input) to leave."
+            Text.assemble(
+                ("awaken-langchain chat", "bold"),
+                visible(
+                    f" with {args.model}; thread {thread}; checkpoints in "
+                    f"{args.dir / CHECKPOINTS_DIR}, memory in {args.dir / MEMORY_FILE}. "
+                    "Type /exit (or end the input) to leave."
+                ),
+            )
         )
         if pending_turn(agent, thread):
             screen.note("This thread has an unfinished turn; finishing it first.", "bold yellow")
@@ -391,7 +563,9 @@ def cmd_chat(args: argparse.Namespace, console: Console, stdin: IO[str]) -> int:
             failures += not turn(message)
     finally:
         agent.close()
-    console.print(f"Thread {thread} is saved; continue it with --thread {thread}.")
+    console.print(
+        _literal(f"Thread {thread} is saved; continue it with --thread {thread}."), soft_wrap=True
+    )
     return 1 if failures else 0
 
 
@@ -560,6 +734,14 @@ def main(
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        from rich.console import Console
+    except ImportError as exc:
+        sys.stderr.write(
+            f"awaken-langchain: error: the command needs the Python package 'rich', which is "
+            f"not installed ({exc}); install it with: {INSTALL_CLI}\n"
+        )
+        return 2
     console = console or Console(highlight=False)
     errors = Console(stderr=True, highlight=False) if console.file is sys.stdout else console
     started = time.monotonic()
@@ -569,8 +751,10 @@ def main(
         status: int = args.handler(args, console)
         return status
     except CommandError as exc:
-        errors.print(Text(f"awaken-langchain: error: {exc}", style="bold red"))
+        errors.print(_literal(f"awaken-langchain: error: {exc}", "bold red"), soft_wrap=True)
         return exc.exit_code
     except KeyboardInterrupt:
-        errors.print(f"awaken-langchain: interrupted after {time.monotonic() - started:.1f} s")
+        errors.print(
+            _literal(f"awaken-langchain: interrupted after {time.monotonic() - started:.1f} s")
+        )
         return 130

@@ -53,6 +53,7 @@ from awaken_langchain._session import (
     Record,
     Screen,
     assemble_agent,
+    private_directory,
     run_turn,
     thread_messages,
 )
@@ -508,7 +509,10 @@ def spawn_worker(args: Sequence[str], log_path: Path) -> Worker:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
-    log = log_path.open("w", encoding="utf-8")
+    # the log holds the conversation: private, like the memory and the checkpoints
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    log = open(fd, "w", encoding="utf-8")  # noqa: SIM115 - handed to the child, closed below
     process = subprocess.Popen(
         [sys.executable, "-m", "awaken_langchain.demo", *args],
         stdout=subprocess.PIPE,
@@ -663,7 +667,7 @@ class Demo:
 
     def run(self) -> bool:
         """Run every requested step, then the checks; return whether all claims held."""
-        self.settings.directory.mkdir(parents=True, exist_ok=True)
+        private_directory(self.settings.directory)
         started = time.monotonic()
         with self.server:
             self.console.print(
@@ -898,7 +902,7 @@ class Demo:
             repr(self.speed),
         ]
         logs = self.settings.directory / "logs"
-        logs.mkdir(exist_ok=True)
+        private_directory(logs)
         second_args = [*common, "--standby"]
         if self.settings.inject_failure == "replacement":
             second_args += ["--checkpoints", str(self.settings.directory / "checkpoints-elsewhere")]

@@ -206,6 +206,34 @@ def make_private_directory(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+UNREADABLE_PREFIX = "unreadable-entry:"
+"""How the id of a stored entry that names no readable run id starts (see :func:`unreadable_id`)."""
+
+
+def unreadable_id(locator: bytes) -> str:
+    """Name a stored entry whose run id cannot be read, so that it can be listed and removed.
+
+    ``list_run_ids`` reports the entry under this id; ``get`` of the id raises
+    the reason and ``delete`` of it removes the entry. A backend acts on the
+    locator only when no run of that literal id exists and the entry it locates
+    is still unreadable, so a real checkpoint is never removed through it.
+
+    Args:
+        locator: Where the backend finds the entry (its raw key, its file name).
+    """
+    return UNREADABLE_PREFIX + locator.hex()
+
+
+def unreadable_locator(run_id: str) -> bytes | None:
+    """Return the locator an :func:`unreadable_id` carries, or ``None`` for any other id."""
+    if not run_id.startswith(UNREADABLE_PREFIX):
+        return None
+    try:
+        return bytes.fromhex(run_id[len(UNREADABLE_PREFIX) :])
+    except ValueError:
+        return None
+
+
 def corrupted(run_id: str, what: str) -> StreamCheckpointError:
     """Build the error for a stored record that cannot be read back."""
     return StreamCheckpointError(f"stored checkpoint is corrupted ({what})", run_id=run_id)
@@ -483,7 +511,13 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     steps as :meth:`put`/:meth:`get`, built from :meth:`_prepare_put`,
     :meth:`_append_step`, :meth:`_rewrite_step`, :meth:`_finish_put` and
     :meth:`_rebuild`, awaiting its own primitives in between.
+
+    A backend that can open a store for reading only sets ``read_only``; the
+    store then refuses ``claim``, ``put``, ``delete`` and ``gc``.
     """
+
+    read_only: bool = False
+    """Whether the store was opened for reading only."""
 
     def __init__(
         self,
@@ -595,6 +629,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             raise StreamCheckpointError(
                 f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
             )
+        self._check_writable("put")
         run_id = check_run_id(checkpoint.run_id)
         fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
         fields["updated_at"] = max(0.0, self.clock())
@@ -716,6 +751,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def claim(self, run_id: str) -> int:
         """Take ownership of a run and return its new, strictly larger epoch."""
         check_run_id(run_id)
+        self._check_writable("claim")
         with self._backend_errors("claim", run_id):
             return self._backend_claim(run_id)
 
@@ -763,6 +799,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 backend fails.
         """
         check_run_id(run_id)
+        self._check_writable("delete")
         with self._memo_lock:
             self._memo.pop(run_id, None)
         with self._backend_errors("delete", run_id):
@@ -793,6 +830,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         Returns:
             How many expired checkpoints were removed.
         """
+        self._check_writable("gc")
         removed = self._gc_checkpoints()  # a kept record's own horizon applies without a ttl
         with self._backend_errors("gc", None):
             self._backend_collect_epochs()
@@ -819,6 +857,13 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         return removed
 
     # -- helpers for backends ---------------------------------------------------
+
+    def _check_writable(self, action: str) -> None:
+        if self.read_only:
+            raise StreamCheckpointError(
+                f"{type(self).__name__} was opened with read_only=True and cannot {action}; "
+                "open it without read_only to change checkpoints"
+            )
 
     def _expired_head(self, head: Head) -> bool:
         keep_for = head.fields.get("keep_for")
@@ -877,4 +922,6 @@ __all__ = [
     "resolve_signing_key",
     "run_id_bytes",
     "signed_content",
+    "unreadable_id",
+    "unreadable_locator",
 ]

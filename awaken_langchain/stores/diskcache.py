@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -26,6 +28,8 @@ from awaken_langchain.stores._base import (
     open_no_follow,
     plan_append,
     run_id_bytes,
+    unreadable_id,
+    unreadable_locator,
 )
 
 _HEAD = b"h\x00"
@@ -74,6 +78,91 @@ class _PlainDisk(diskcache.Disk):  # type: ignore[misc]
         return super().fetch(mode, filename, value, read)
 
 
+_KEY_ROWS = "SELECT key, raw FROM Cache ORDER BY rowid"
+"""Every stored key as diskcache keeps it: the encoded key and whether it is raw (not pickled)."""
+
+
+class _Cache(diskcache.Cache):  # type: ignore[misc]
+    """diskcache's Cache, plus the row-level access that unreadable entries need."""
+
+    def key_rows(self) -> list[tuple[Any, int]]:
+        """Return every stored key undecoded, so that one bad key cannot stop a listing."""
+        return list(self._sql(_KEY_ROWS))
+
+    def remove_row(self, key: Any, raw: int) -> bool:
+        """Remove the entry stored under an undecoded key; return whether there was one."""
+        with self.transact():
+            select = "SELECT filename FROM Cache WHERE key = ? AND raw = ?"
+            files = [name for (name,) in self._sql(select, (key, raw)) if name]
+            removed = self._sql("DELETE FROM Cache WHERE key = ? AND raw = ?", (key, raw)).rowcount
+        for name in files:
+            self._disk.remove(name)
+        return bool(removed)
+
+
+class _ReadOnlyCache:
+    """The reads the store makes on a ``diskcache.Cache``, over an existing database.
+
+    ``diskcache.Cache`` creates the directory and the database, and writes its
+    settings, whenever it opens. This opens the existing database without the
+    create flag and with ``PRAGMA query_only``: nothing in the directory is
+    created, changed or re-permissioned (SQLite's -wal and -shm files exist only
+    while the connection is open, as for any reader of a WAL database).
+    """
+
+    def __init__(self, directory: Path, *, timeout: float) -> None:
+        db = directory / diskcache.core.DBNAME
+        if not db.is_file():
+            raise StreamCheckpointError(
+                f"there is no checkpoint store at {directory} "
+                + (f"(no {db.name} in it)" if directory.is_dir() else "(no such directory)")
+            )
+        self._disk = _PlainDisk(str(directory))
+        uri = db.absolute().as_uri() + "?mode=rw"  # rw, not rwc: never creates the file
+        self._connection = sqlite3.connect(
+            uri, uri=True, timeout=timeout, isolation_level=None, check_same_thread=False
+        )
+        self._connection.execute("PRAGMA query_only = ON")
+        self._lock = threading.RLock()  # one connection, shared by the async twins' threads
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    @contextlib.contextmanager
+    def transact(self) -> Iterator[None]:
+        """Read one consistent snapshot."""
+        with self._lock:
+            self._connection.execute("BEGIN")
+            try:
+                yield
+            finally:
+                self._connection.execute("COMMIT")
+
+    def get(self, key: bytes, default: Any = None) -> Any:
+        db_key, raw = self._disk.put(key)
+        with self._lock:
+            row = self._connection.execute(
+                "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = ? "
+                "AND (expire_time IS NULL OR expire_time > ?)",
+                (db_key, raw, time.time()),
+            ).fetchone()
+        if row is None:
+            return default
+        mode, filename, value = row
+        try:
+            return self._disk.fetch(mode, filename, value, False)
+        except OSError:  # removed meanwhile, as diskcache.Cache.get treats it
+            return default
+
+    def __contains__(self, key: bytes) -> bool:
+        return self.get(key) is not None
+
+    def key_rows(self) -> list[tuple[Any, int]]:
+        with self._lock:
+            return list(self._connection.execute(_KEY_ROWS))
+
+
 class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     """Checkpoints in a diskcache directory, safe for several processes on one host.
 
@@ -86,7 +175,9 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     record on its own; expiry is this store's ``ttl``, ``epoch_grace`` and
     :meth:`gc`.
 
-    The directory is created private to the owner (0700).
+    The directory is created private to the owner (0700). With ``read_only=True``
+    the store opens an existing cache for reading and changes nothing on disk
+    (no directory, file or permission change); writes are refused.
 
     Args:
         directory: The cache directory; dedicate it to checkpoints.
@@ -101,6 +192,11 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
             signing). See "Trust model" in the README.
+        read_only: Open an existing store for reading only.
+
+    Raises:
+        StreamCheckpointError: If the directory cannot be opened, or with
+            ``read_only=True`` holds no checkpoint store.
     """
 
     def __init__(
@@ -113,6 +209,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         timeout: float = 60.0,
         epoch_grace: float = DEFAULT_EPOCH_GRACE,
         signing_key: str | bytes | None = None,
+        read_only: bool = False,
     ) -> None:
         super().__init__(
             ttl=ttl,
@@ -123,7 +220,12 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         )
         self.directory = Path(directory)
         self.timeout = timeout
+        self.read_only = read_only
+        self._cache: Any
         with self._backend_errors("open", None):
+            if read_only:
+                self._cache = _ReadOnlyCache(self.directory, timeout=timeout)
+                return
             make_private_directory(self.directory)
             # SQLite gives its -wal and -shm files the database file's mode, so the
             # database is created private before SQLite first opens it.
@@ -133,7 +235,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                     os.fchmod(fd, 0o600)
             finally:
                 os.close(fd)
-            self._cache = diskcache.Cache(
+            self._cache = _Cache(
                 str(self.directory),
                 timeout=timeout,
                 disk=_PlainDisk,
@@ -255,8 +357,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return epoch
 
     def _backend_collect_epochs(self) -> None:
-        keys = [
-            key for key in self._cache.iterkeys() if type(key) is bytes and key.startswith(_EPOCH)
+        keys = [  # raw rows only: a pickled key planted in the cache is never unpickled
+            bytes(key)
+            for key, raw in self._cache.key_rows()
+            if raw and bytes(key).startswith(_EPOCH)
         ]
         for start in range(0, len(keys), _COLLECT_BATCH):
             now = self.clock()
@@ -315,6 +419,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         with self._cache.transact():
             head = self._head(run_id)
             if head is None:
+                self._raise_if_unreadable(run_id)
                 return None
             sizes = self._segments(head)
             text = b"".join(self._segment(run_id, i, n) for i, n in enumerate(sizes))
@@ -328,7 +433,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
             key = self._head_key(run_id)
             if key not in self._cache:
-                return False
+                located = self._unreadable_row(run_id)
+                return located is not None and bool(self._cache.remove_row(*located))
             head = None
             if condition is not None:
                 head = self._head(run_id)
@@ -346,16 +452,62 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         found = []
-        for key in self._cache.iterkeys():
-            if type(key) is bytes and key.startswith(_HEAD):
+        for key, raw in self._cache.key_rows():
+            if not raw:  # a pickled key: never unpickled, listed so that it can be removed
+                found.append((unreadable_id(b"\x00" + bytes(key)), b""))
+                continue
+            if type(key) is not bytes or not key.startswith(_HEAD):
+                continue  # a text segment, an epoch counter, or a key this store never writes
+            try:
                 run_id = key[len(_HEAD) :].decode("utf-8", "surrogatepass")
-                try:
-                    raw = self._cache.get(key)
-                except _RefusedPickle:
-                    raw = b""  # refused (pickled): listed as unreadable
-                if raw is not None:
-                    found.append((run_id, raw if type(raw) is bytes else b""))
+            except UnicodeDecodeError:
+                found.append((unreadable_id(b"\x01" + key), b""))
+                continue
+            try:
+                value = self._cache.get(key)
+            except _RefusedPickle:
+                value = b""  # refused (pickled): listed as unreadable
+            if value is not None:
+                found.append((run_id, value if type(value) is bytes else b""))
         return found
+
+    # -- entries whose run id cannot be read ----------------------------------------
+
+    @staticmethod
+    def _unreadable_key(run_id: str) -> tuple[bytes, int] | None:
+        """Return the undecoded key and raw flag an unreadable entry's id names."""
+        locator = unreadable_locator(run_id)
+        if not locator or locator[0] not in (0, 1):
+            return None
+        key, raw = locator[1:], locator[0]
+        if raw:  # a raw key is unreadable only if it is a head key that is not UTF-8
+            try:
+                key[len(_HEAD) :].decode("utf-8", "surrogatepass")
+                return None
+            except UnicodeDecodeError:
+                if not key.startswith(_HEAD):
+                    return None
+        return key, raw
+
+    def _unreadable_row(self, run_id: str) -> tuple[bytes, int] | None:
+        """Return the stored entry an unreadable entry's id names, if it is still there."""
+        located = self._unreadable_key(run_id)
+        if located is None:
+            return None
+        key, raw = located
+        if raw:
+            return located if key in self._cache else None
+        return located if any(bytes(k) == key for k, r in self._cache.key_rows() if not r) else None
+
+    def _raise_if_unreadable(self, run_id: str) -> None:
+        located = self._unreadable_row(run_id)
+        if located is None:
+            return
+        if located[1]:
+            raise corrupted(run_id, "its key names no UTF-8 run id; remove the entry with delete")
+        raise corrupted(
+            run_id, "its key is pickled, which is never unpickled; remove the entry with delete"
+        )
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]

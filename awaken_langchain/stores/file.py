@@ -32,6 +32,8 @@ from awaken_langchain.stores._base import (
     next_epoch,
     open_no_follow,
     run_id_bytes,
+    unreadable_id,
+    unreadable_locator,
 )
 
 if sys.platform != "win32":
@@ -126,7 +128,10 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     The store is meant for one owning process. Every operation also takes an
     advisory lock on ``<directory>/.lock``, so another process (an operator
-    listing or deleting checkpoints) never corrupts anything.
+    listing or deleting checkpoints) never corrupts anything. With
+    ``read_only=True`` the store opens an existing directory for reading (a
+    shared lock on the existing ``.lock``) and changes nothing on disk; writes
+    are refused.
 
     Args:
         directory: The directory to keep checkpoints in; dedicate it to them.
@@ -141,6 +146,11 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
             signing). See "Trust model" in the README.
+        read_only: Open an existing store for reading only.
+
+    Raises:
+        StreamCheckpointError: If the directory cannot be opened, or with
+            ``read_only=True`` holds no checkpoint store.
     """
 
     def __init__(
@@ -153,6 +163,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         fsync: bool = True,
         epoch_grace: float = DEFAULT_EPOCH_GRACE,
         signing_key: str | bytes | None = None,
+        read_only: bool = False,
     ) -> None:
         super().__init__(
             ttl=ttl,
@@ -167,13 +178,24 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         self._lock_fd: int | None = None
         self._lock_pid = 0
         self._cursors: OrderedDict[str, _Cursor] = OrderedDict()
+        self.read_only = read_only
         with self._backend_errors("open", None):
-            make_private_directory(self.directory)
+            if not read_only:
+                make_private_directory(self.directory)
             self._open_lock()
 
     def _open_lock(self) -> None:
         # flock() excludes open file descriptions, so a forked child opens its own.
-        self._lock_fd = open_no_follow(self.directory / _LOCK_NAME, os.O_RDWR | os.O_CREAT)
+        path = self.directory / _LOCK_NAME
+        if not self.read_only:
+            self._lock_fd = open_no_follow(path, os.O_RDWR | os.O_CREAT)
+        elif path.is_file() and not path.is_symlink():
+            self._lock_fd = open_no_follow(path, os.O_RDONLY)
+        else:
+            raise StreamCheckpointError(
+                f"there is no checkpoint store at {self.directory} "
+                + (f"(no {_LOCK_NAME} in it)" if self.directory.is_dir() else "(no such directory)")
+            )
         self._lock_pid = os.getpid()
 
     def close(self) -> None:
@@ -203,7 +225,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
                 self._open_lock()
             assert self._lock_fd is not None
             if fcntl is not None:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+                fcntl.flock(self._lock_fd, fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX)
             try:
                 yield
             finally:
@@ -425,6 +447,13 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         with self._locked():
             found = self._log(run_id)
             if found is None:
+                unreadable = self._unreadable_log(run_id)
+                if unreadable is not None:
+                    raise corrupted(
+                        run_id,
+                        f"log file {unreadable.name} names no run id it can be read back for; "
+                        "remove it with delete",
+                    )
                 return None
             log, inode = found
             head = decode_head(log.raw_head, run_id=run_id)
@@ -448,7 +477,12 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
             try:
                 os.unlink(path)
             except FileNotFoundError:
-                return False
+                unreadable = self._unreadable_log(run_id)
+                if unreadable is None:
+                    return False
+                os.unlink(unreadable)
+                self._sync_directory()
+                return True
             record = None
             with contextlib.suppress(StreamCheckpointError):  # an unreadable record stays
                 record = self._epoch_record(run_id)
@@ -468,16 +502,38 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
                 data = self._read(Path(entry.path))
                 if data is None:
                     continue
-                try:
-                    raw = _Log(data, run_id=entry.name).raw_head
-                    obj = decode_json(raw)
-                except StreamCheckpointError:
-                    continue  # no run id can be recovered from it
-                fields = obj.get("checkpoint") if isinstance(obj, dict) else None
-                run_id = fields.get("run_id") if isinstance(fields, dict) else None
-                if isinstance(run_id, str) and self._stem(run_id) + _LOG_SUFFIX == entry.name:
-                    found.append((run_id, raw))
+                head = self._head_of_log(entry.name, data)
+                # a log naming no run id is listed under its file name, so it can be removed
+                found.append(head or (unreadable_id(entry.name.encode()), b""))
         return found
+
+    def _head_of_log(self, name: str, data: bytes) -> tuple[str, bytes] | None:
+        """Return a log's run id and raw head, if the head names the run the file is for."""
+        try:
+            raw = _Log(data, run_id=name).raw_head
+            obj = decode_json(raw)
+        except StreamCheckpointError:
+            return None
+        fields = obj.get("checkpoint") if isinstance(obj, dict) else None
+        run_id = fields.get("run_id") if isinstance(fields, dict) else None
+        if isinstance(run_id, str) and self._stem(run_id) + _LOG_SUFFIX == name:
+            return run_id, raw
+        return None
+
+    def _unreadable_log(self, run_id: str) -> Path | None:
+        """Return the log an unreadable entry's id names, if it is still unreadable."""
+        locator = unreadable_locator(run_id)
+        try:
+            name = locator.decode("ascii") if locator else ""
+        except UnicodeDecodeError:
+            return None
+        stem = name.removesuffix(_LOG_SUFFIX)
+        if len(stem) != 64 or stem.strip("0123456789abcdef") or not name.endswith(_LOG_SUFFIX):
+            return None
+        data = self._read(self.directory / name)
+        if data is None or self._head_of_log(name, data) is not None:
+            return None
+        return self.directory / name
 
     def _backend_cleanup(self) -> None:
         """Remove temp files left by writes that crashed before their rename."""

@@ -630,8 +630,12 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hget(key, "head")
-        for key, raw in zip(keys, pipe.execute(), strict=True):
-            if raw is not None:  # expired or deleted since the scan saw it
+        # One key of another type (WRONGTYPE) must not hide the others: it is listed
+        # as unreadable, and get() of its run id says why.
+        for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(raw, Exception):
+                yield self._run_id_of(key), b""
+            elif raw is not None:  # expired or deleted since the scan saw it
                 yield self._run_id_of(key), bytes(raw)
 
     def close(self) -> None:

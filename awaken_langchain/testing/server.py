@@ -57,6 +57,7 @@ import io
 import itertools
 import json
 import logging
+import re
 import signal
 import socket
 import struct
@@ -138,6 +139,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("awaken_langchain.testing.server")
+_QUERY = re.compile(r"\?[^\s'\"]*")
+"""A URL's query string inside a logged request line (dropped: it can hold an api-key)."""
 
 DEFAULT_ANSWER = "This is the loopback provider answering."
 """The text of the default scenario, used when the queue is empty."""
@@ -770,7 +773,9 @@ class _Handler(BaseHTTPRequestHandler):
             super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s " + format, self.address_string(), *args)
+        # Query strings can carry credentials (Azure's ``api-key``): never log them.
+        shown = [_QUERY.sub("", arg) if isinstance(arg, str) else arg for arg in args]
+        logger.debug("%s " + format, self.address_string(), *shown)
 
     def do_POST(self) -> None:
         self._status_sent = False
@@ -781,7 +786,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as error:
             # A bug in the server, a responder or a shape rule: make it loud.
-            logger.error("error answering %s %s", self.command, self.path, exc_info=error)
+            path = urlsplit(self.path).path  # without the query string, which can hold a key
+            logger.error("error answering %s %s", self.command, path, exc_info=error)
             self.provider._record_error(error)
             if self._status_sent:
                 self._drop(reset=False)
