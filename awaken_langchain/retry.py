@@ -31,24 +31,23 @@ import asyncio
 import dataclasses
 import enum
 import math
+import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tenacity import AsyncRetrying, RetryCallState, Retrying
 from tenacity.retry import retry_if_exception
 from tenacity.stop import stop_after_attempt, stop_base
-from tenacity.wait import wait_base, wait_exponential_jitter
+from tenacity.wait import wait_base
 
 from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error, is_cancellation
-
-if TYPE_CHECKING:
-    from tenacity import BaseRetrying
 
 __all__ = [
     "AsyncSleep",
     "Clock",
     "ErrorClassifier",
+    "Random",
     "RetryDecision",
     "RetryPhase",
     "RetryPolicy",
@@ -81,6 +80,15 @@ class Clock(Protocol):
 
     def __call__(self) -> float:
         """Return the current time in seconds."""
+        ...
+
+
+@runtime_checkable
+class Random(Protocol):
+    """A function returning a random float in ``[0, 1)``, like `random.random`."""
+
+    def __call__(self) -> float:
+        """Return a random float in ``[0, 1)``."""
         ...
 
 
@@ -144,7 +152,8 @@ class RetryPolicy:
         initial_delay: Backoff before the first retry, in seconds.
         multiplier: Factor by which the backoff grows per retry.
         max_delay: Upper bound of the computed backoff, in seconds.
-        jitter: Up to this many random seconds are added to each backoff.
+        jitter: Up to this many random seconds are added to each backoff; the
+            sum is still capped at ``max_delay``.
         overloaded_initial_delay: Initial backoff for overloaded providers
             (HTTP 503/529, ``overloaded_error``), longer than ``initial_delay``.
         max_retry_after: Cap on a provider's ``retry-after`` hint, in seconds. A
@@ -164,6 +173,8 @@ class RetryPolicy:
         async_sleep: Awaitable sleep used by the async paths.
         clock: Monotonic clock measuring the deadline.
         wall_clock: Wall clock (epoch seconds) for HTTP-date ``retry-after``.
+        random: Source of the jitter, a float in ``[0, 1)`` per delay
+            (``random.random``); inject a constant for deterministic delays.
     """
 
     max_attempts: int = 3
@@ -181,9 +192,7 @@ class RetryPolicy:
     async_sleep: AsyncSleep = asyncio.sleep
     clock: Clock = time.monotonic
     wall_clock: Clock = time.time
-
-    _backoff: wait_base = dataclasses.field(init=False, repr=False, compare=False)
-    _overloaded_backoff: wait_base = dataclasses.field(init=False, repr=False, compare=False)
+    random: Random = random.random
 
     def __post_init__(self) -> None:
         _check_int("max_attempts", self.max_attempts, minimum=1, hint="1 means no retry")
@@ -216,17 +225,13 @@ class RetryPolicy:
                     "number of seconds, or None for no deadline"
                 )
         _check_retry_on(self.retry_on)
-        for name in ("classifier", "sleep", "async_sleep", "clock", "wall_clock"):
+        for name in ("classifier", "sleep", "async_sleep", "clock", "wall_clock", "random"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(
                     f"RetryPolicy({name}={value!r}): expected a callable, "
                     f"got {type(value).__name__}"
                 )
-        object.__setattr__(self, "_backoff", self._exponential(self.initial_delay))
-        object.__setattr__(
-            self, "_overloaded_backoff", self._exponential(self.overloaded_initial_delay)
-        )
 
     # --- classification ------------------------------------------------------
 
@@ -277,10 +282,11 @@ class RetryPolicy:
     def delay_for(self, error: ErrorInfo, attempt: int) -> float:
         """Seconds to wait after the ``attempt``-th failure of a phase.
 
-        Exponential backoff with jitter (``initial_delay`` or, for overloaded
-        providers, ``overloaded_initial_delay``, times ``multiplier`` per retry,
-        at most ``max_delay``), or the provider's hint capped at
-        ``max_retry_after`` when that is longer.
+        Exponential backoff with jitter: ``initial_delay`` (for overloaded
+        providers ``overloaded_initial_delay``) times ``multiplier`` per earlier
+        failure, plus up to ``jitter`` random seconds, all capped at
+        ``max_delay``; or the provider's hint capped at ``max_retry_after`` when
+        that is longer.
 
         Args:
             error: The classified failure.
@@ -293,13 +299,20 @@ class RetryPolicy:
             ValueError: If ``attempt`` is below 1.
         """
         _check_attempt(attempt)
-        backoff = self._overloaded_backoff if error.kind is ErrorKind.OVERLOADED else self._backoff
-        state = RetryCallState(cast("BaseRetrying", None), None, (), {})
-        state.attempt_number = attempt
-        delay = float(backoff(state))
+        initial = (
+            self.overloaded_initial_delay
+            if error.kind is ErrorKind.OVERLOADED
+            else self.initial_delay
+        )
+        jitter = self.jitter * self.random()
+        try:
+            backoff = initial * self.multiplier ** (attempt - 1) + jitter
+        except OverflowError:  # a float power this large is past any max_delay
+            backoff = self.max_delay
+        delay = max(0.0, min(backoff, self.max_delay))
         if error.retry_after is not None:
             delay = max(delay, min(error.retry_after, self.max_retry_after))
-        return delay
+        return float(delay)
 
     def budget(self, phase: RetryPhase) -> int:
         """How many failures in ``phase`` are recovered (retries or continuations)."""
@@ -431,11 +444,6 @@ class RetryPolicy:
             "reraise": True,
             "before_sleep": before_sleep,
         }
-
-    def _exponential(self, initial: float) -> wait_base:
-        return wait_exponential_jitter(
-            multiplier=initial, exp_base=self.multiplier, max=self.max_delay, jitter=self.jitter
-        )
 
 
 class _ClassifyOnce:

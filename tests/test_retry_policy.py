@@ -112,6 +112,7 @@ def test_defaults_match_the_documented_policy() -> None:
         ({"retry_on": 3}, TypeError, "retry_on"),
         ({"retry_on": (ValueError, "x")}, TypeError, "retry_on"),
         ({"sleep": "zzz"}, TypeError, "sleep"),
+        ({"random": 0.5}, TypeError, "random"),
     ],
 )
 def test_invalid_settings_are_rejected_with_the_setting_named(
@@ -148,6 +149,17 @@ def test_jitter_stays_within_its_bound_and_never_exceeds_max_delay() -> None:
         base = min(0.5 * 2 ** (attempt - 1), 8.0)
         for _ in range(50):
             assert base <= p.delay_for(server, attempt) <= min(base + 0.5, 8.0)
+
+
+def test_jitter_comes_from_the_injected_random_source_and_counts_within_max_delay() -> None:
+    p = RetryPolicy(jitter=0.5, random=lambda: 0.5)
+    server = ErrorInfo(kind=ErrorKind.SERVER, retryable=True)
+    assert [p.delay_for(server, n) for n in range(1, 7)] == [0.75, 1.25, 2.25, 4.25, 8.0, 8.0]
+
+
+def test_backoff_too_large_for_a_float_is_max_delay() -> None:
+    p = RetryPolicy(jitter=0.0)
+    assert p.delay_for(ErrorInfo(kind=ErrorKind.SERVER, retryable=True), 5000) == 8.0
 
 
 def test_zero_base_and_zero_jitter_mean_no_wait() -> None:
