@@ -3,25 +3,38 @@
 A turn has two phases with separate budgets:
 
 - **before output** (nothing reached the caller yet): the failed request is
-  simply sent again, up to ``max_attempts`` requests in total. `RetryPolicy`
-  builds tenacity `Retrying`/`AsyncRetrying` objects for this phase, driven as
-  ``for attempt in policy.retrying(): with attempt: ...`` because a half-consumed
-  generator cannot be retried by a decorator;
+  simply sent again, up to ``max_attempts`` requests in total;
 - **after output** (some chunks were already yielded): each interruption costs
-  one continuation, up to ``max_continuations``. A streaming loop asks
-  `RetryPolicy.should_retry` and sleeps for the returned delay itself.
+  one continuation, up to ``max_continuations``.
 
+`RetryPolicy` is the one retry engine for both: `RetryPolicy.should_retry`
+decides from the failure, its number within the phase and the time elapsed, and
+returns the delay computed by `RetryPolicy.delay_for`. The streaming loop that
+asks (`RecoveringChatModel`'s turn engine) sleeps with ``sleep`` or awaits
+``async_sleep`` itself, so a half-consumed generator is simply opened again.
 Both phases share the same classification (`classify_error`, or the
-``classifier`` hook), the same backoff (`RetryPolicy.delay_for`) and the same
-optional overall ``deadline``. Cancellation is never retried: it always
-propagates.
+``classifier`` hook), the same backoff and the same optional overall
+``deadline``. Cancellation is never retried: it always propagates.
 
 Example:
     ```python
     policy = RetryPolicy(max_attempts=4, deadline=120)
-    for attempt in policy.retrying():
-        with attempt:
+    started, failures = policy.clock(), 0
+    while True:
+        try:
             first_chunk = next(stream_factory())
+            break
+        except Exception as exc:
+            failures += 1
+            decision = policy.should_retry(
+                exc,
+                attempt=failures,
+                elapsed=policy.clock() - started,
+                phase=RetryPhase.BEFORE_OUTPUT,
+            )
+            if not decision.retry:
+                raise
+            policy.sleep(decision.delay)
     ```
 """
 
@@ -33,13 +46,8 @@ import enum
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
-
-from tenacity import AsyncRetrying, RetryCallState, Retrying
-from tenacity.retry import retry_if_exception
-from tenacity.stop import stop_after_attempt, stop_base
-from tenacity.wait import wait_base
+from collections.abc import Awaitable
+from typing import Protocol, runtime_checkable
 
 from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error, is_cancellation
 
@@ -385,108 +393,6 @@ class RetryPolicy:
             error=info,
             reason=f"{info.kind.value}: retry {attempt} of {budget} in {delay:.3g} s",
         )
-
-    # --- tenacity ------------------------------------------------------------
-
-    def retrying(
-        self,
-        *,
-        started_at: float | None = None,
-        before_sleep: Callable[[RetryCallState], None] | None = None,
-    ) -> Retrying:
-        """A tenacity `Retrying` for the before-output phase.
-
-        Retries while the failure is retryable, at most ``max_attempts`` in
-        total and within the ``deadline``; sleeps with ``sleep``; re-raises the
-        last exception itself (not a `tenacity.RetryError`) when it gives up.
-
-        Args:
-            started_at: ``clock()`` reading when the turn started, for the
-                deadline; defaults to now.
-            before_sleep: Called with tenacity's retry state before each sleep.
-
-        Returns:
-            A fresh `Retrying`; use ``for attempt in ...: with attempt: ...``.
-        """
-        return Retrying(sleep=self.sleep, **self._tenacity_kwargs(started_at, before_sleep))
-
-    def async_retrying(
-        self,
-        *,
-        started_at: float | None = None,
-        before_sleep: Callable[[RetryCallState], Awaitable[None] | None] | None = None,
-    ) -> AsyncRetrying:
-        """A tenacity `AsyncRetrying` for the before-output phase (awaits ``async_sleep``).
-
-        Args:
-            started_at: ``clock()`` reading when the turn started, for the
-                deadline; defaults to now.
-            before_sleep: Called (or awaited) with tenacity's retry state before
-                each sleep.
-
-        Returns:
-            A fresh `AsyncRetrying`; use ``async for attempt in ...: with attempt:``.
-        """
-        return AsyncRetrying(
-            sleep=self.async_sleep, **self._tenacity_kwargs(started_at, before_sleep)
-        )
-
-    def _tenacity_kwargs(self, started_at: float | None, before_sleep: Any) -> dict[str, Any]:
-        stop: stop_base = stop_after_attempt(self.max_attempts)
-        if self.deadline is not None:
-            start = self.clock() if started_at is None else started_at
-            stop = stop | _StopAtDeadline(self, start)
-        classify = _ClassifyOnce(self)
-        return {
-            "stop": stop,
-            "wait": _WaitForError(self, classify),
-            "retry": retry_if_exception(lambda exc: classify(exc).retryable),
-            "reraise": True,
-            "before_sleep": before_sleep,
-        }
-
-
-class _ClassifyOnce:
-    """Classify each failure of one retry loop once (retry and wait both ask)."""
-
-    def __init__(self, policy: RetryPolicy) -> None:
-        self._policy = policy
-        self._last: tuple[BaseException, ErrorInfo] | None = None
-
-    def __call__(self, exc: BaseException) -> ErrorInfo:
-        if self._last is None or self._last[0] is not exc:
-            self._last = (exc, self._policy.classify(exc))
-        return self._last[1]
-
-
-class _WaitForError(wait_base):
-    """tenacity wait strategy: `RetryPolicy.delay_for` of the failure just seen."""
-
-    def __init__(self, policy: RetryPolicy, classify: _ClassifyOnce) -> None:
-        self._policy = policy
-        self._classify = classify
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if exc is None:
-            raise RuntimeError("RetryPolicy waits only after a failed attempt")
-        return self._policy.delay_for(self._classify(exc), retry_state.attempt_number)
-
-
-class _StopAtDeadline(stop_base):
-    """tenacity stop strategy: stop when the next attempt would start past the deadline.
-
-    Unlike `tenacity.stop_before_delay` it reads the policy's injectable clock.
-    """
-
-    def __init__(self, policy: RetryPolicy, started_at: float) -> None:
-        self._policy = policy
-        self._started_at = started_at
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        elapsed = self._policy.clock() - self._started_at
-        return self._policy.past_deadline(elapsed, retry_state.upcoming_sleep)
 
 
 def _unknown(info: ErrorInfo) -> bool:
