@@ -3,25 +3,38 @@
 A turn has two phases with separate budgets:
 
 - **before output** (nothing reached the caller yet): the failed request is
-  simply sent again, up to ``max_attempts`` requests in total. `RetryPolicy`
-  builds tenacity `Retrying`/`AsyncRetrying` objects for this phase, driven as
-  ``for attempt in policy.retrying(): with attempt: ...`` because a half-consumed
-  generator cannot be retried by a decorator;
+  simply sent again, up to ``max_attempts`` requests in total;
 - **after output** (some chunks were already yielded): each interruption costs
-  one continuation, up to ``max_continuations``. A streaming loop asks
-  `RetryPolicy.should_retry` and sleeps for the returned delay itself.
+  one continuation, up to ``max_continuations``.
 
+`RetryPolicy` is the one retry engine for both: `RetryPolicy.should_retry`
+decides from the failure, its number within the phase and the time elapsed, and
+returns the delay computed by `RetryPolicy.delay_for`. The streaming loop that
+asks (`RecoveringChatModel`'s turn engine) sleeps with ``sleep`` or awaits
+``async_sleep`` itself, so a half-consumed generator is simply opened again.
 Both phases share the same classification (`classify_error`, or the
-``classifier`` hook), the same backoff (`RetryPolicy.delay_for`) and the same
-optional overall ``deadline``. Cancellation is never retried: it always
-propagates.
+``classifier`` hook), the same backoff and the same optional overall
+``deadline``. Cancellation is never retried: it always propagates.
 
 Example:
     ```python
     policy = RetryPolicy(max_attempts=4, deadline=120)
-    for attempt in policy.retrying():
-        with attempt:
+    started, failures = policy.clock(), 0
+    while True:
+        try:
             first_chunk = next(stream_factory())
+            break
+        except Exception as exc:
+            failures += 1
+            decision = policy.should_retry(
+                exc,
+                attempt=failures,
+                elapsed=policy.clock() - started,
+                phase=RetryPhase.BEFORE_OUTPUT,
+            )
+            if not decision.retry:
+                raise
+            policy.sleep(decision.delay)
     ```
 """
 
@@ -31,24 +44,18 @@ import asyncio
 import dataclasses
 import enum
 import math
+import random
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
-
-from tenacity import AsyncRetrying, RetryCallState, Retrying
-from tenacity.retry import retry_if_exception
-from tenacity.stop import stop_after_attempt, stop_base
-from tenacity.wait import wait_base, wait_exponential_jitter
+from collections.abc import Awaitable
+from typing import Protocol, runtime_checkable
 
 from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error, is_cancellation
-
-if TYPE_CHECKING:
-    from tenacity import BaseRetrying
 
 __all__ = [
     "AsyncSleep",
     "Clock",
     "ErrorClassifier",
+    "Random",
     "RetryDecision",
     "RetryPhase",
     "RetryPolicy",
@@ -81,6 +88,15 @@ class Clock(Protocol):
 
     def __call__(self) -> float:
         """Return the current time in seconds."""
+        ...
+
+
+@runtime_checkable
+class Random(Protocol):
+    """A function returning a random float in ``[0, 1)``, like `random.random`."""
+
+    def __call__(self) -> float:
+        """Return a random float in ``[0, 1)``."""
         ...
 
 
@@ -144,7 +160,8 @@ class RetryPolicy:
         initial_delay: Backoff before the first retry, in seconds.
         multiplier: Factor by which the backoff grows per retry.
         max_delay: Upper bound of the computed backoff, in seconds.
-        jitter: Up to this many random seconds are added to each backoff.
+        jitter: Up to this many random seconds are added to each backoff; the
+            sum is still capped at ``max_delay``.
         overloaded_initial_delay: Initial backoff for overloaded providers
             (HTTP 503/529, ``overloaded_error``), longer than ``initial_delay``.
         max_retry_after: Cap on a provider's ``retry-after`` hint, in seconds. A
@@ -164,6 +181,8 @@ class RetryPolicy:
         async_sleep: Awaitable sleep used by the async paths.
         clock: Monotonic clock measuring the deadline.
         wall_clock: Wall clock (epoch seconds) for HTTP-date ``retry-after``.
+        random: Source of the jitter, a float in ``[0, 1)`` per delay
+            (``random.random``); inject a constant for deterministic delays.
     """
 
     max_attempts: int = 3
@@ -181,9 +200,7 @@ class RetryPolicy:
     async_sleep: AsyncSleep = asyncio.sleep
     clock: Clock = time.monotonic
     wall_clock: Clock = time.time
-
-    _backoff: wait_base = dataclasses.field(init=False, repr=False, compare=False)
-    _overloaded_backoff: wait_base = dataclasses.field(init=False, repr=False, compare=False)
+    random: Random = random.random
 
     def __post_init__(self) -> None:
         _check_int("max_attempts", self.max_attempts, minimum=1, hint="1 means no retry")
@@ -216,17 +233,13 @@ class RetryPolicy:
                     "number of seconds, or None for no deadline"
                 )
         _check_retry_on(self.retry_on)
-        for name in ("classifier", "sleep", "async_sleep", "clock", "wall_clock"):
+        for name in ("classifier", "sleep", "async_sleep", "clock", "wall_clock", "random"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(
                     f"RetryPolicy({name}={value!r}): expected a callable, "
                     f"got {type(value).__name__}"
                 )
-        object.__setattr__(self, "_backoff", self._exponential(self.initial_delay))
-        object.__setattr__(
-            self, "_overloaded_backoff", self._exponential(self.overloaded_initial_delay)
-        )
 
     # --- classification ------------------------------------------------------
 
@@ -277,10 +290,11 @@ class RetryPolicy:
     def delay_for(self, error: ErrorInfo, attempt: int) -> float:
         """Seconds to wait after the ``attempt``-th failure of a phase.
 
-        Exponential backoff with jitter (``initial_delay`` or, for overloaded
-        providers, ``overloaded_initial_delay``, times ``multiplier`` per retry,
-        at most ``max_delay``), or the provider's hint capped at
-        ``max_retry_after`` when that is longer.
+        Exponential backoff with jitter: ``initial_delay`` (for overloaded
+        providers ``overloaded_initial_delay``) times ``multiplier`` per earlier
+        failure, plus up to ``jitter`` random seconds, all capped at
+        ``max_delay``; or the provider's hint capped at ``max_retry_after`` when
+        that is longer.
 
         Args:
             error: The classified failure.
@@ -293,13 +307,20 @@ class RetryPolicy:
             ValueError: If ``attempt`` is below 1.
         """
         _check_attempt(attempt)
-        backoff = self._overloaded_backoff if error.kind is ErrorKind.OVERLOADED else self._backoff
-        state = RetryCallState(cast("BaseRetrying", None), None, (), {})
-        state.attempt_number = attempt
-        delay = float(backoff(state))
+        initial = (
+            self.overloaded_initial_delay
+            if error.kind is ErrorKind.OVERLOADED
+            else self.initial_delay
+        )
+        jitter = self.jitter * self.random()
+        try:
+            backoff = initial * self.multiplier ** (attempt - 1) + jitter
+        except OverflowError:  # a float power this large is past any max_delay
+            backoff = self.max_delay
+        delay = max(0.0, min(backoff, self.max_delay))
         if error.retry_after is not None:
             delay = max(delay, min(error.retry_after, self.max_retry_after))
-        return delay
+        return float(delay)
 
     def budget(self, phase: RetryPhase) -> int:
         """How many failures in ``phase`` are recovered (retries or continuations)."""
@@ -372,113 +393,6 @@ class RetryPolicy:
             error=info,
             reason=f"{info.kind.value}: retry {attempt} of {budget} in {delay:.3g} s",
         )
-
-    # --- tenacity ------------------------------------------------------------
-
-    def retrying(
-        self,
-        *,
-        started_at: float | None = None,
-        before_sleep: Callable[[RetryCallState], None] | None = None,
-    ) -> Retrying:
-        """A tenacity `Retrying` for the before-output phase.
-
-        Retries while the failure is retryable, at most ``max_attempts`` in
-        total and within the ``deadline``; sleeps with ``sleep``; re-raises the
-        last exception itself (not a `tenacity.RetryError`) when it gives up.
-
-        Args:
-            started_at: ``clock()`` reading when the turn started, for the
-                deadline; defaults to now.
-            before_sleep: Called with tenacity's retry state before each sleep.
-
-        Returns:
-            A fresh `Retrying`; use ``for attempt in ...: with attempt: ...``.
-        """
-        return Retrying(sleep=self.sleep, **self._tenacity_kwargs(started_at, before_sleep))
-
-    def async_retrying(
-        self,
-        *,
-        started_at: float | None = None,
-        before_sleep: Callable[[RetryCallState], Awaitable[None] | None] | None = None,
-    ) -> AsyncRetrying:
-        """A tenacity `AsyncRetrying` for the before-output phase (awaits ``async_sleep``).
-
-        Args:
-            started_at: ``clock()`` reading when the turn started, for the
-                deadline; defaults to now.
-            before_sleep: Called (or awaited) with tenacity's retry state before
-                each sleep.
-
-        Returns:
-            A fresh `AsyncRetrying`; use ``async for attempt in ...: with attempt:``.
-        """
-        return AsyncRetrying(
-            sleep=self.async_sleep, **self._tenacity_kwargs(started_at, before_sleep)
-        )
-
-    def _tenacity_kwargs(self, started_at: float | None, before_sleep: Any) -> dict[str, Any]:
-        stop: stop_base = stop_after_attempt(self.max_attempts)
-        if self.deadline is not None:
-            start = self.clock() if started_at is None else started_at
-            stop = stop | _StopAtDeadline(self, start)
-        classify = _ClassifyOnce(self)
-        return {
-            "stop": stop,
-            "wait": _WaitForError(self, classify),
-            "retry": retry_if_exception(lambda exc: classify(exc).retryable),
-            "reraise": True,
-            "before_sleep": before_sleep,
-        }
-
-    def _exponential(self, initial: float) -> wait_base:
-        return wait_exponential_jitter(
-            multiplier=initial, exp_base=self.multiplier, max=self.max_delay, jitter=self.jitter
-        )
-
-
-class _ClassifyOnce:
-    """Classify each failure of one retry loop once (retry and wait both ask)."""
-
-    def __init__(self, policy: RetryPolicy) -> None:
-        self._policy = policy
-        self._last: tuple[BaseException, ErrorInfo] | None = None
-
-    def __call__(self, exc: BaseException) -> ErrorInfo:
-        if self._last is None or self._last[0] is not exc:
-            self._last = (exc, self._policy.classify(exc))
-        return self._last[1]
-
-
-class _WaitForError(wait_base):
-    """tenacity wait strategy: `RetryPolicy.delay_for` of the failure just seen."""
-
-    def __init__(self, policy: RetryPolicy, classify: _ClassifyOnce) -> None:
-        self._policy = policy
-        self._classify = classify
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None else None
-        if exc is None:
-            raise RuntimeError("RetryPolicy waits only after a failed attempt")
-        return self._policy.delay_for(self._classify(exc), retry_state.attempt_number)
-
-
-class _StopAtDeadline(stop_base):
-    """tenacity stop strategy: stop when the next attempt would start past the deadline.
-
-    Unlike `tenacity.stop_before_delay` it reads the policy's injectable clock.
-    """
-
-    def __init__(self, policy: RetryPolicy, started_at: float) -> None:
-        self._policy = policy
-        self._started_at = started_at
-
-    def __call__(self, retry_state: RetryCallState) -> bool:
-        elapsed = self._policy.clock() - self._started_at
-        return self._policy.past_deadline(elapsed, retry_state.upcoming_sleep)
 
 
 def _unknown(info: ErrorInfo) -> bool:

@@ -438,16 +438,29 @@ async def test_stream_without_terminal_event_is_a_retryable_interruption(
 
 
 async def drive(path: Path, env: Loopback, policy: RetryPolicy) -> list[Any]:
-    """Consume ``path`` inside the policy's before-output retry loop."""
-    if path.is_async:
-        async for attempt in policy.async_retrying():
-            with attempt:
+    """Consume ``path``, sending it again before output as ``policy.should_retry`` decides."""
+    from awaken_langchain.retry import RetryPhase
+
+    started, failures = policy.clock(), 0
+    while True:
+        try:
+            if path.is_async:
                 return await _aconsume(path, env, TIMEOUT)
-    else:
-        for attempt in policy.retrying():
-            with attempt:
-                return _consume(path, env, TIMEOUT)
-    raise AssertionError("unreachable")
+            return _consume(path, env, TIMEOUT)
+        except Exception as exc:
+            failures += 1
+            decision = policy.should_retry(
+                exc,
+                attempt=failures,
+                elapsed=policy.clock() - started,
+                phase=RetryPhase.BEFORE_OUTPUT,
+            )
+            if not decision.retry:
+                raise
+            if path.is_async:
+                await policy.async_sleep(decision.delay)
+            else:
+                policy.sleep(decision.delay)
 
 
 class Sleeps:

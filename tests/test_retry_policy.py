@@ -1,4 +1,8 @@
-"""RetryPolicy: budgets, backoff, hints, deadline and cancellation, with injected time."""
+"""RetryPolicy: budgets, backoff, hints, deadline and cancellation, with injected time.
+
+Rules about what a caller sees run through `RecoveringChatModel` around the
+scripted chat model; the decision API is also exercised directly.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import email.utils
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -14,10 +18,12 @@ import httpx2
 import openai
 import pytest
 from anthropic._error_classes import make_status_error as anthropic_status_error
-from tenacity import RetryCallState
 
-from awaken_langchain import ErrorInfo, ErrorKind, RetryPolicy
+from awaken_langchain import ErrorInfo, ErrorKind, RetryPolicy, StreamInterruptedError
+from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPhase
+from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
+from tests.conftest import Drive
 
 NOW = 1_800_000_000.0
 
@@ -61,27 +67,34 @@ def policy(fake: FakeTime, **overrides: Any) -> RetryPolicy:
     return RetryPolicy(**settings)
 
 
-def run(retry_policy: RetryPolicy, failures: Sequence[BaseException]) -> tuple[int, object]:
-    """Drive the before-output loop; each attempt raises the next failure, then succeeds."""
-    calls = 0
-    for attempt in retry_policy.retrying():
-        with attempt:
-            calls += 1
-            if calls <= len(failures):
-                raise failures[calls - 1]
-            return calls, "ok"
-    raise AssertionError("unreachable")
+ANSWER = [*text("All good."), finish()]
 
 
-async def arun(retry_policy: RetryPolicy, failures: Sequence[BaseException]) -> tuple[int, object]:
-    calls = 0
-    async for attempt in retry_policy.async_retrying():
-        with attempt:
-            calls += 1
-            if calls <= len(failures):
-                raise failures[calls - 1]
-            return calls, "ok"
-    raise AssertionError("unreachable")
+def wrap(
+    retry_policy: RetryPolicy, *scripts: list[Any]
+) -> tuple[RecoveringChatModel, ScriptedChatModel]:
+    """A recovering model around a scripted one: each script is one request's answer."""
+    inner = ScriptedChatModel(scripts=list(scripts))
+    return RecoveringChatModel(model=inner, retry_policy=retry_policy), inner
+
+
+def retry_before_output(retry_policy: RetryPolicy, attempt: Callable[[], Any]) -> Any:
+    """Call ``attempt`` until it returns, as `RetryPolicy.should_retry` decides."""
+    started, failures = retry_policy.clock(), 0
+    while True:
+        try:
+            return attempt()
+        except Exception as exc:
+            failures += 1
+            decision = retry_policy.should_retry(
+                exc,
+                attempt=failures,
+                elapsed=retry_policy.clock() - started,
+                phase=RetryPhase.BEFORE_OUTPUT,
+            )
+            if not decision.retry:
+                raise
+            retry_policy.sleep(decision.delay)
 
 
 # --- configuration -----------------------------------------------------------------
@@ -112,6 +125,7 @@ def test_defaults_match_the_documented_policy() -> None:
         ({"retry_on": 3}, TypeError, "retry_on"),
         ({"retry_on": (ValueError, "x")}, TypeError, "retry_on"),
         ({"sleep": "zzz"}, TypeError, "sleep"),
+        ({"random": 0.5}, TypeError, "random"),
     ],
 )
 def test_invalid_settings_are_rejected_with_the_setting_named(
@@ -150,6 +164,17 @@ def test_jitter_stays_within_its_bound_and_never_exceeds_max_delay() -> None:
             assert base <= p.delay_for(server, attempt) <= min(base + 0.5, 8.0)
 
 
+def test_jitter_comes_from_the_injected_random_source_and_counts_within_max_delay() -> None:
+    p = RetryPolicy(jitter=0.5, random=lambda: 0.5)
+    server = ErrorInfo(kind=ErrorKind.SERVER, retryable=True)
+    assert [p.delay_for(server, n) for n in range(1, 7)] == [0.75, 1.25, 2.25, 4.25, 8.0, 8.0]
+
+
+def test_backoff_too_large_for_a_float_is_max_delay() -> None:
+    p = RetryPolicy(jitter=0.0)
+    assert p.delay_for(ErrorInfo(kind=ErrorKind.SERVER, retryable=True), 5000) == 8.0
+
+
 def test_zero_base_and_zero_jitter_mean_no_wait() -> None:
     p = RetryPolicy(initial_delay=0, overloaded_initial_delay=0, jitter=0)
     assert p.delay_for(ErrorInfo(kind=ErrorKind.OVERLOADED, retryable=True), 3) == 0.0
@@ -170,118 +195,136 @@ def test_delay_for_rejects_attempt_zero() -> None:
         RetryPolicy().delay_for(ErrorInfo(kind=ErrorKind.SERVER, retryable=True), 0)
 
 
-# --- the tenacity loop (before output) -----------------------------------------------
+# --- retrying a turn before output -------------------------------------------------
 
 
-def test_retry_after_of_an_hour_waits_sixty_seconds() -> None:
+async def test_retry_after_of_an_hour_waits_sixty_seconds(drive: Drive) -> None:
     fake = FakeTime()
     limited = status_error(429, {"retry-after": "3600"})
-    assert run(policy(fake), [limited, limited]) == (3, "ok")
+    model, inner = wrap(policy(fake), [limited], [limited], ANSWER)
+    assert (await drive.invoke(model, "hi")).content == "All good."
+    assert len(inner.calls) == 3
     assert fake.sleeps == [60.0, 60.0]
 
 
-def test_max_retry_after_is_configurable() -> None:
+async def test_max_retry_after_is_configurable(drive: Drive) -> None:
     fake = FakeTime()
-    run(policy(fake, max_retry_after=5), [status_error(429, {"retry-after": "3600"})])
+    limited = status_error(429, {"retry-after": "3600"})
+    model, _ = wrap(policy(fake, max_retry_after=5), [limited], ANSWER)
+    await drive.invoke(model, "hi")
     assert fake.sleeps == [5.0]
 
 
-def test_http_date_hint_is_parsed_against_the_injected_wall_clock() -> None:
+async def test_http_date_hint_is_parsed_against_the_injected_wall_clock(drive: Drive) -> None:
     fake = FakeTime()
     date = email.utils.formatdate(NOW + 30, usegmt=True)
-    run(policy(fake), [status_error(429, {"retry-after": date})])
+    model, _ = wrap(policy(fake), [status_error(429, {"retry-after": date})], ANSWER)
+    await drive.invoke(model, "hi")
     assert fake.sleeps == [30.0]
 
 
-def test_retry_after_ms_hint_is_used_by_the_loop() -> None:
+async def test_retry_after_ms_hint_is_honoured(drive: Drive) -> None:
     fake = FakeTime()
-    run(policy(fake), [status_error(429, {"retry-after-ms": "1500"})])
+    model, _ = wrap(policy(fake), [status_error(429, {"retry-after-ms": "1500"})], ANSWER)
+    await drive.invoke(model, "hi")
     assert fake.sleeps == [1.5]
 
 
-def test_overloaded_response_waits_longer_than_a_server_error() -> None:
+async def test_overloaded_response_waits_longer_than_a_server_error(drive: Drive) -> None:
     overloaded, server = FakeTime(), FakeTime()
-    run(policy(overloaded), [status_error(529)])
-    run(policy(server), [status_error(500)])
+    for fake, failure in ((overloaded, status_error(529)), (server, status_error(500))):
+        model, _ = wrap(policy(fake), [failure], ANSWER)
+        await drive.invoke(model, "hi")
     assert (overloaded.sleeps, server.sleeps) == ([2.0], [0.5])
 
 
-def test_retryable_failures_are_retried_until_max_attempts_then_the_last_one_raises() -> None:
+async def test_retryable_failures_are_retried_until_max_attempts_then_the_last_is_the_cause(
+    drive: Drive,
+) -> None:
     fake = FakeTime()
     failures = [status_error(500), status_error(502), status_error(503)]
-    with pytest.raises(anthropic.InternalServerError) as caught:
-        run(policy(fake), failures)
-    assert caught.value is failures[2]
-    assert len(fake.sleeps) == 2
+    model, inner = wrap(policy(fake), *([failure] for failure in failures), ANSWER)
+    with pytest.raises(StreamInterruptedError, match="max_attempts=3") as raised:
+        await drive.invoke(model, "hi")
+    assert raised.value.cause is failures[2]
+    assert len(inner.calls) == 3
+    assert fake.sleeps == [0.5, 1.0]
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 413])
-def test_permanent_errors_are_tried_exactly_once(status: int) -> None:
+async def test_permanent_errors_are_tried_exactly_once(drive: Drive, status: int) -> None:
     fake = FakeTime()
     failure = status_error(status)
-    with pytest.raises(anthropic.APIStatusError) as caught:
-        run(policy(fake), [failure])
-    assert caught.value is failure
-    assert fake.sleeps == []
+    model, inner = wrap(policy(fake), [failure], ANSWER)
+    with pytest.raises(anthropic.APIStatusError) as raised:
+        await drive.invoke(model, "hi")
+    assert raised.value is failure
+    assert (len(inner.calls), fake.sleeps) == (1, [])
 
 
-def test_deadline_stops_retries_before_a_wait_that_would_pass_it() -> None:
+async def test_deadline_stops_retries_before_a_wait_that_would_pass_it(drive: Drive) -> None:
     fake = FakeTime()
     retry_policy = policy(fake, initial_delay=2.0, max_attempts=10, deadline=5.0)
-    failures: list[BaseException] = [status_error(500) for _ in range(10)]
-    with pytest.raises(anthropic.InternalServerError) as caught:
-        run(retry_policy, failures)
-    # attempt 1 fails at t=0 (wait 2), attempt 2 at t=2 (wait 4 -> t=6 > 5): stop.
+    failures = [status_error(500) for _ in range(10)]
+    model, inner = wrap(retry_policy, *([failure] for failure in failures))
+    with pytest.raises(StreamInterruptedError, match="deadline") as raised:
+        await drive.invoke(model, "hi")
+    # request 1 fails at t=0 (wait 2), request 2 at t=2 (wait 4 -> t=6 > 5): stop.
     assert fake.sleeps == [2.0]
-    assert caught.value is failures[1]
+    assert len(inner.calls) == 2
+    assert raised.value.cause is failures[1]
 
 
-def test_deadline_counts_from_the_start_of_the_turn() -> None:
+async def test_deadline_counts_from_the_start_of_the_turn(drive: Drive) -> None:
     fake = FakeTime()
     fake.now = 100.0
-    retry_policy = policy(fake, deadline=5.0)
-    calls = 0
-
-    def turn() -> None:
-        nonlocal calls
-        for attempt in retry_policy.retrying(started_at=95.2):  # 4.8 s of the turn are gone
-            with attempt:
-                calls += 1
-                raise status_error(500)
-
-    with pytest.raises(anthropic.InternalServerError):
-        turn()
-    assert (calls, fake.sleeps) == (1, [])  # waiting 0.5 s would end past the deadline
+    model, inner = wrap(
+        policy(fake, deadline=5.0), [*text("Hello, world"), ConnectionResetError("reset")], ANSWER
+    )
+    chunks = drive.iterate(model, "hi")
+    await anext(chunks)
+    fake.now += 4.8  # the caller read slowly: 4.8 s of the turn are gone
+    with pytest.raises(StreamInterruptedError, match="deadline"):
+        async for _ in chunks:
+            pass
+    assert (len(inner.calls), fake.sleeps) == (1, [])  # waiting 0.5 s would end past it
 
 
-def test_message_saying_rate_limit_without_structure_is_not_retried() -> None:
+async def test_message_saying_rate_limit_without_structure_is_not_retried(drive: Drive) -> None:
     fake = FakeTime()
-    with pytest.raises(RuntimeError):
-        run(policy(fake), [RuntimeError("Error 429: rate limit exceeded, please retry")])
-    assert fake.sleeps == []
+    failure = RuntimeError("Error 429: rate limit exceeded, please retry")
+    model, inner = wrap(policy(fake), [failure], ANSWER)
+    with pytest.raises(RuntimeError) as raised:
+        await drive.invoke(model, "hi")
+    assert raised.value is failure
+    assert (len(inner.calls), fake.sleeps) == (1, [])
 
 
-def test_retry_on_types_make_unknown_exceptions_retryable() -> None:
-    fake = FakeTime()
-    assert run(policy(fake, retry_on=(LookupError,)), [KeyError("flaky")]) == (2, "ok")
+async def test_retry_on_types_make_unknown_exceptions_retryable(drive: Drive) -> None:
+    retry_policy = policy(FakeTime(), retry_on=(LookupError,))
+    model, inner = wrap(retry_policy, [KeyError("flaky")], ANSWER)
+    assert (await drive.invoke(model, "hi")).content == "All good."
+    assert len(inner.calls) == 2
 
 
-def test_retry_on_predicate_is_consulted_for_unknown_exceptions_only() -> None:
-    fake = FakeTime()
+async def test_retry_on_predicate_is_consulted_for_unknown_exceptions_only(drive: Drive) -> None:
     seen: list[BaseException] = []
 
     def always(exc: BaseException) -> bool:
         seen.append(exc)
         return True
 
-    retry_policy = policy(fake, retry_on=always)
-    assert run(retry_policy, [RuntimeError("flaky")]) == (2, "ok")
+    model, inner = wrap(
+        policy(FakeTime(), retry_on=always), [RuntimeError("flaky")], ANSWER, [status_error(401)]
+    )
+    assert (await drive.invoke(model, "hi")).content == "All good."
     with pytest.raises(anthropic.AuthenticationError):
-        run(retry_policy, [status_error(401)])
+        await drive.invoke(model, "again")
+    assert len(inner.calls) == 3
     assert [type(e) for e in seen] == [RuntimeError]
 
 
-def test_classifier_hook_overrides_and_defers() -> None:
+async def test_classifier_hook_overrides_and_defers(drive: Drive) -> None:
     fake = FakeTime()
 
     def classifier(exc: BaseException) -> ErrorInfo | None:
@@ -290,8 +333,12 @@ def test_classifier_hook_overrides_and_defers() -> None:
         return None
 
     retry_policy = policy(fake, classifier=classifier)
-    assert run(retry_policy, [ValueError("custom transient")]) == (2, "ok")
+    model, inner = wrap(retry_policy, [ValueError("custom transient")], ANSWER, [status_error(401)])
+    assert (await drive.invoke(model, "hi")).content == "All good."
     assert fake.sleeps == [4.0]
+    with pytest.raises(anthropic.AuthenticationError):
+        await drive.invoke(model, "again")
+    assert len(inner.calls) == 3
     assert retry_policy.classify(status_error(401)).kind is ErrorKind.AUTHENTICATION
 
 
@@ -301,23 +348,7 @@ def test_classifier_returning_garbage_is_reported() -> None:
         retry_policy.classify(ValueError())
 
 
-def test_before_sleep_hook_sees_each_retry() -> None:
-    fake = FakeTime()
-    attempts: list[int] = []
-
-    def before_sleep(state: RetryCallState) -> None:
-        attempts.append(state.attempt_number)
-
-    calls = 0
-    for attempt in policy(fake).retrying(before_sleep=before_sleep):
-        with attempt:
-            calls += 1
-            if calls < 3:
-                raise status_error(503)
-    assert attempts == [1, 2]
-
-
-def test_half_consumed_generator_is_retried_with_the_attempt_loop() -> None:
+def test_half_consumed_generator_is_retried_by_opening_a_new_one() -> None:
     fake = FakeTime()
     opened = 0
 
@@ -328,26 +359,40 @@ def test_half_consumed_generator_is_retried_with_the_attempt_loop() -> None:
             raise httpx2.RemoteProtocolError("peer closed connection before headers")
         yield from ["Hel", "lo"]
 
-    received: list[str] = []
-    for attempt in policy(fake).retrying():
-        with attempt:
-            stream = provider_stream()
-            received.append(next(stream))  # retried only until the first chunk arrives
-    received.extend(stream)
-    assert (received, opened) == (["Hel", "lo"], 2)
+    def first_chunk() -> tuple[str, Iterator[str]]:
+        stream = provider_stream()
+        return next(stream), stream  # retried only until the first chunk arrives
+
+    head, rest = retry_before_output(policy(fake), first_chunk)
+    assert ([head, *rest], opened) == (["Hel", "lo"], 2)
+    assert fake.sleeps == [0.5]
 
 
 # --- cancellation -----------------------------------------------------------------
 
 
 @pytest.mark.parametrize("cancel", [KeyboardInterrupt, SystemExit, asyncio.CancelledError])
-def test_cancellation_propagates_through_retrying_untouched(cancel: type[BaseException]) -> None:
+def test_cancellation_propagates_untouched_and_is_never_retried(
+    cancel: type[BaseException],
+) -> None:
+    # The sync path: KeyboardInterrupt escaping a task would stop the test's event loop.
     fake = FakeTime()
     failure = cancel()
-    with pytest.raises(cancel) as caught:
-        run(policy(fake, retry_on=BaseException), [failure])
-    assert caught.value is failure
-    assert fake.sleeps == []
+    model, inner = wrap(policy(fake, retry_on=BaseException), [failure], ANSWER)
+    with pytest.raises(cancel) as raised:
+        model.invoke("hi")
+    assert raised.value is failure
+    assert (len(inner.calls), fake.sleeps) == (1, [])
+
+
+async def test_async_cancellation_propagates_untouched_and_is_never_retried() -> None:
+    fake = FakeTime()
+    failure = asyncio.CancelledError()
+    model, inner = wrap(policy(fake, retry_on=BaseException), [failure], ANSWER)
+    with pytest.raises(asyncio.CancelledError) as raised:
+        _ = [chunk async for chunk in model.astream("hi")]
+    assert raised.value is failure
+    assert (len(inner.calls), fake.sleeps) == (1, [])
 
 
 def test_hooks_cannot_make_cancellation_retryable() -> None:
@@ -361,72 +406,52 @@ def test_hooks_cannot_make_cancellation_retryable() -> None:
         assert not retry_policy.is_retryable(cancel)
 
 
-def test_closing_a_generator_mid_attempt_is_not_retried() -> None:
+async def test_closing_the_stream_mid_attempt_is_not_retried(drive: Drive) -> None:
     fake = FakeTime()
-    attempts = 0
-
-    def turn() -> Generator[str, None, None]:
-        nonlocal attempts
-        for attempt in policy(fake).retrying():
-            with attempt:
-                attempts += 1
-                yield "chunk"
-                yield "more"
-
-    gen = turn()
-    assert next(gen) == "chunk"
-    gen.close()  # GeneratorExit inside the attempt
-    assert (attempts, fake.sleeps) == (1, [])
+    model, inner = wrap(policy(fake), [*text("Hello, world"), finish()], ANSWER)
+    chunks = drive.iterate(model, "hi")
+    await anext(chunks)
+    await chunks.aclose()  # GeneratorExit inside the attempt
+    assert (len(inner.calls), fake.sleeps) == (1, [])
 
 
-async def test_async_retrying_awaits_the_async_sleep() -> None:
+async def test_async_turn_awaits_the_async_sleep() -> None:
     fake = FakeTime()
 
     def forbidden(seconds: float) -> None:
         raise AssertionError("the async path must not block")
 
-    retry_policy = policy(fake, sleep=forbidden)
-    assert await arun(
-        retry_policy, [status_error(529), status_error(429, {"retry-after": "9"})]
-    ) == (
-        3,
-        "ok",
+    model, inner = wrap(
+        policy(fake, sleep=forbidden),
+        [status_error(529)],
+        [status_error(429, {"retry-after": "9"})],
+        ANSWER,
     )
+    chunks = [chunk async for chunk in model.astream("hi")]
+    assert "".join(str(chunk.content) for chunk in chunks) == "All good."
+    assert len(inner.calls) == 3
     assert fake.sleeps == [2.0, 9.0]
 
 
-async def test_async_cancellation_propagates_through_async_retrying() -> None:
-    fake = FakeTime()
-    failure = asyncio.CancelledError()
-    with pytest.raises(asyncio.CancelledError) as caught:
-        await arun(policy(fake), [failure])
-    assert caught.value is failure
-    assert fake.sleeps == []
-
-
-async def test_cancelling_during_backoff_stops_the_retry_loop() -> None:
+async def test_cancelling_during_backoff_stops_the_turn() -> None:
     started = asyncio.Event()
-    calls = 0
 
     async def never(seconds: float) -> None:
         started.set()
         await asyncio.Event().wait()
 
-    async def loop() -> None:
-        nonlocal calls
-        async for attempt in RetryPolicy(async_sleep=never).async_retrying():
-            with attempt:
-                calls += 1
-                raise openai.APIConnectionError(
-                    request=httpx2.Request("POST", "https://provider.test")
-                )
+    failure = openai.APIConnectionError(request=httpx2.Request("POST", "https://provider.test"))
+    model, inner = wrap(RetryPolicy(async_sleep=never), [failure], ANSWER)
 
-    task = asyncio.create_task(loop())
+    async def turn() -> list[Any]:
+        return [chunk async for chunk in model.astream("hi")]
+
+    task = asyncio.create_task(turn())
     await started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert calls == 1
+    assert len(inner.calls) == 1
 
 
 # --- the decision API (after output) ---------------------------------------------------
