@@ -38,8 +38,8 @@ from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore,
 from awaken_langchain.errors import (
     StreamCheckpointError,
     StreamCheckpointFencedError,
-    warn_store_failure,
 )
+from awaken_langchain.events import store_failure
 
 __all__ = ["AsyncStreamCheckpointHandler", "StreamCheckpointHandler"]
 
@@ -280,7 +280,7 @@ class StreamCheckpointHandler(BaseCallbackHandler):
             try:
                 self.store.delete(run.key, epoch=run.epoch)
             except StreamCheckpointError as exc:
-                warn_store_failure(self._capture.store_failed(run, exc), exc)
+                store_failure(run.key, self._capture.store_failed(run, exc), exc).log()
 
     def _write(self, run: _Run) -> None:
         try:
@@ -288,7 +288,7 @@ class StreamCheckpointHandler(BaseCallbackHandler):
                 run.epoch = self.store.claim(run.key)
             self.store.put(self._capture.snapshot(run))
         except StreamCheckpointError as exc:
-            warn_store_failure(self._capture.store_failed(run, exc), exc)
+            store_failure(run.key, self._capture.store_failed(run, exc), exc).log()
         run.cadence.write_ended()
 
 
@@ -375,7 +375,7 @@ class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
         try:
             await self.store.adelete(run.key, epoch=run.epoch)
         except StreamCheckpointError as exc:
-            warn_store_failure(self._capture.store_failed(run, exc), exc)
+            store_failure(run.key, self._capture.store_failed(run, exc), exc).log()
 
     async def _write(self, run: _Run) -> None:
         try:
@@ -383,5 +383,5 @@ class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
                 run.epoch = await self.store.aclaim(run.key)
             await self.store.aput(self._capture.snapshot(run))
         except StreamCheckpointError as exc:
-            warn_store_failure(self._capture.store_failed(run, exc), exc)
+            store_failure(run.key, self._capture.store_failed(run, exc), exc).log()
         run.cadence.write_ended()

@@ -21,8 +21,6 @@ never wrapped: they propagate exactly as the provider SDK raised them.
 
 from __future__ import annotations
 
-import logging
-import warnings
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -152,13 +150,6 @@ class StreamCheckpointWarning(RuntimeWarning):
     and reported with this warning category (filter it with
     ``warnings.simplefilter("ignore", StreamCheckpointWarning)``).
     """
-
-
-def warn_store_failure(what: str, exc: BaseException) -> None:
-    """Log and warn about a store failure that does not fail the caller."""
-    message = f"{what}; carrying on without it: {exc}"
-    logging.getLogger("awaken_langchain").warning("%s", message)
-    warnings.warn(message, StreamCheckpointWarning, stacklevel=3)
 
 
 def _short(text: str, limit: int = 80) -> str:

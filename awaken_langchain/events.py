@@ -134,6 +134,11 @@ def warning(event: RecoveryEvent, key: str | None, message: str) -> Report:
     return Report(event, {"key": key, "message": message}, message)
 
 
+def store_failure(key: str | None, what: str, exc: BaseException) -> Report:
+    """The warning for a store failure that the caller carries on through."""
+    return warning(RecoveryEvent.CHECKPOINT_WARNING, key, f"{what}; carrying on without it: {exc}")
+
+
 class Reporter:
     """Reports a call's recovery events: log, callbacks, warnings.
 

@@ -42,7 +42,8 @@ from langchain_core.messages import (
     message_chunk_to_message,
 )
 
-from awaken_langchain.errors import StreamCheckpointError, warn_store_failure
+from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.events import store_failure
 
 if TYPE_CHECKING:
     from langchain_core.chat_history import BaseChatMessageHistory
@@ -223,11 +224,11 @@ def _delete(store: StreamCheckpointStore, key: str) -> None:
     try:
         store.delete(key)
     except StreamCheckpointError as exc:
-        warn_store_failure(f"could not delete the committed turn's checkpoint {key!r}", exc)
+        store_failure(key, f"could not delete the committed turn's checkpoint {key!r}", exc).log()
 
 
 async def _adelete(store: StreamCheckpointStore, key: str) -> None:
     try:
         await store.adelete(key)
     except StreamCheckpointError as exc:
-        warn_store_failure(f"could not delete the committed turn's checkpoint {key!r}", exc)
+        store_failure(key, f"could not delete the committed turn's checkpoint {key!r}", exc).log()
