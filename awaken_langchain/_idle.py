@@ -124,7 +124,12 @@ def _responses(source: object) -> list[Any]:
             continue
         for candidate in (value, getattr(value, "response", None)):
             extensions = getattr(candidate, "extensions", None)
-            if isinstance(extensions, Mapping) and "network_stream" in extensions:
+            if (
+                isinstance(extensions, Mapping)
+                and "network_stream" in extensions
+                and hasattr(candidate, "is_closed")
+                and hasattr(candidate, "http_version")
+            ):
                 found.append(candidate)
                 break
     return found
@@ -133,13 +138,18 @@ def _responses(source: object) -> list[Any]:
 def _interrupt(source: object) -> None:
     """Make a read blocked in ``source`` on another thread fail now.
 
-    Shuts down (not closes) the socket under each HTTP response the source
-    holds: shutdown wakes a blocked ``recv`` on every platform, where closing
-    the descriptor from another thread does not, and the connection is
-    released by the reader's own cleanup. The response is never touched from
-    this thread.
+    Shuts down (not closes) the socket under each open HTTP/1 response the
+    source holds: shutdown wakes a ``recv`` blocked in another thread, where
+    closing the descriptor does not (Linux). The reader's own cleanup then
+    closes the response and releases the connection; this thread only reads
+    the response's state.
     """
     for response in _responses(source):
+        # Only a response still being read owns its connection: a closed one may
+        # have handed it back to the pool, and an HTTP/2 connection carries other
+        # streams too.
+        if response.http_version not in ("HTTP/1.1", "HTTP/1.0") or response.is_closed:
+            continue
         stream = response.extensions.get("network_stream")
         get_extra_info = getattr(stream, "get_extra_info", None)
         if get_extra_info is None:
