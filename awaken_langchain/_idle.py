@@ -3,15 +3,25 @@
 The sync path reads the inner model's iterator in a worker thread so that a
 wait can time out (`Pump`); the async path keeps one timer per stream and
 cancels the waiting task when a wait lasts too long (`with_idle_timeout`).
+
+Either way a stream the wrapper leaves is closed at once, so the provider stops
+generating and no reader lingers. The async path cancels the read and closes
+the iterator. A sync generator blocked in a read on another thread cannot be
+closed from outside (``ValueError: generator already executing``), so `Pump`
+shuts down the socket of the HTTP response the generator holds: the blocked read
+fails at once and the worker closes the generator on its own thread.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import queue
+import socket
 import threading
-from collections.abc import AsyncIterator, Iterator
+import types
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from langchain_core.outputs import ChatGenerationChunk
@@ -22,7 +32,15 @@ __all__ = ["Pump", "with_idle_timeout"]
 
 
 class Pump:
-    """Reads a blocking iterator in a worker thread so waits can time out."""
+    """Reads a blocking iterator in a worker thread so waits can time out.
+
+    When the consumer leaves before the source ends (an idle timeout, an error,
+    a caller that stops reading), the worker stops at its next item and closes
+    the source; a read blocked in the meantime is cut short by shutting down
+    the socket of any HTTP response the source holds (`_interrupt`). A source
+    without one (a plain blocking iterator) keeps its worker until its read
+    returns.
+    """
 
     _ITEM, _END, _ERROR = 0, 1, 2
 
@@ -31,24 +49,30 @@ class Pump:
         self._timeout = timeout
         self._queue: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._ended = threading.Event()
         context = contextvars.copy_context()
-        self._thread = threading.Thread(target=context.run, args=(self._run,), daemon=True)
+        self._thread = threading.Thread(
+            target=context.run, args=(self._run,), name="awaken-stream-pump", daemon=True
+        )
         self._thread.start()
 
     def _run(self) -> None:
         put = self._queue.put
         try:
             for item in self._source:
-                put((self._ITEM, item))
                 if self._stop.is_set():
                     break
+                put((self._ITEM, item))
             put((self._END, None))
         except BaseException as exc:
             put((self._ERROR, exc))
         finally:
-            close = getattr(self._source, "close", None)
-            if close is not None:
-                close()
+            try:
+                close = getattr(self._source, "close", None)
+                if close is not None:
+                    close()
+            finally:
+                self._ended.set()
 
     def __iter__(self) -> Iterator[ChatGenerationChunk]:
         received = 0
@@ -68,6 +92,77 @@ class Pump:
                     raise item
         finally:
             self._stop.set()
+            if not self._ended.is_set():
+                _interrupt(self._source)
+
+
+_HOPS = 8
+"""How deep `_responses` follows generators delegating to generators."""
+
+
+def _responses(source: object) -> list[Any]:
+    """HTTP responses (httpx) that a generator, or generators it delegates to, holds open.
+
+    LangChain's provider models stream from a generator that keeps the SDK's
+    stream object (``openai.Stream``, ``anthropic.Stream``: ``.response`` is the
+    httpx response) or the httpx response itself in a local variable.
+    """
+    found: list[Any] = []
+    seen: set[int] = set()
+    pending: list[tuple[object, int]] = [(source, 0)]
+    while pending:
+        value, depth = pending.pop()
+        if id(value) in seen or depth > _HOPS:
+            continue
+        seen.add(id(value))
+        if isinstance(value, types.GeneratorType):
+            frame = value.gi_frame
+            if frame is not None:
+                pending += [(local, depth + 1) for local in list(frame.f_locals.values())]
+            if value.gi_yieldfrom is not None:
+                pending.append((value.gi_yieldfrom, depth + 1))
+            continue
+        for candidate in (value, getattr(value, "response", None)):
+            extensions = getattr(candidate, "extensions", None)
+            if (
+                isinstance(extensions, Mapping)
+                and "network_stream" in extensions
+                and hasattr(candidate, "is_closed")
+                and hasattr(candidate, "http_version")
+            ):
+                found.append(candidate)
+                break
+    return found
+
+
+def _interrupt(source: object) -> None:
+    """Make a read blocked in ``source`` on another thread fail now.
+
+    Shuts down (not closes) the socket under each open HTTP/1 response the
+    source holds: shutdown wakes a ``recv`` blocked in another thread, where
+    closing the descriptor does not (Linux). The reader's own cleanup then
+    closes the response and releases the connection; this thread only reads
+    the response's state.
+    """
+    for response in _responses(source):
+        # Only a response still being read owns its connection: a closed one may
+        # have handed it back to the pool, and an HTTP/2 connection carries other
+        # streams too.
+        if response.http_version not in ("HTTP/1.1", "HTTP/1.0") or response.is_closed:
+            continue
+        stream = response.extensions.get("network_stream")
+        get_extra_info = getattr(stream, "get_extra_info", None)
+        if get_extra_info is None:
+            continue
+        try:
+            sock = get_extra_info("socket")
+        except Exception:  # an unfamiliar transport: nothing we can shut down
+            continue
+        if isinstance(sock, socket.socket):
+            # The base class's shutdown: a TLS socket's own would also drop its SSL
+            # object, which the reading thread is still using. OSError: already closed.
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class _IdleWatch:

@@ -58,6 +58,7 @@ import itertools
 import json
 import logging
 import re
+import select
 import signal
 import socket
 import struct
@@ -414,6 +415,7 @@ class LoopbackProvider:
         self._thread: threading.Thread | None = None
         self._connections: dict[socket.socket, threading.Thread] = {}
         self._errors: list[Exception] = []
+        self._hangups: dict[int, float] = {}
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -560,6 +562,17 @@ class LoopbackProvider:
         with self._lock:
             return list(self._errors)
 
+    @property
+    def hangups(self) -> dict[int, float]:
+        """Streams the client closed while the server was pausing (a stall, a delay).
+
+        Maps the request number to the ``time.monotonic()`` at which the server
+        noticed the closed connection (it checks every 50 ms during a pause). A
+        client that abandons a stalled stream should appear here at once.
+        """
+        with self._lock:
+            return dict(self._hangups)
+
     def reset(self) -> None:
         """Forget recorded requests and queued scenarios (request numbers keep counting)."""
         with self._lock:
@@ -626,6 +639,10 @@ class LoopbackProvider:
     def _unregister(self, connection: socket.socket) -> None:
         with self._lock:
             self._connections.pop(connection, None)
+
+    def _hung_up(self, number: int) -> None:
+        with self._lock:
+            self._hangups[number] = time.monotonic()
 
     def _wait(self, seconds: float) -> bool:
         """Sleep ``seconds``; return False if the server began stopping meanwhile."""
@@ -919,7 +936,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         for step in steps:
             if isinstance(step, _Pause):
-                if not self.provider._wait(step.seconds):
+                if not self._pause(step.seconds, ctx.number):
                     self._drop(reset=False)
                     return
             elif isinstance(step, _Write):
@@ -929,6 +946,24 @@ class _Handler(BaseHTTPRequestHandler):
                 self._drop(step.reset)
                 return
         self.wfile.write(b"0\r\n\r\n")
+
+    def _pause(self, seconds: float, number: int) -> bool:
+        """Pause a stream; False when the server stops or the client hangs up meanwhile."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                readable, _, _ = select.select([self.connection], [], [], min(remaining, 0.05))
+                hung_up = bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except (OSError, ValueError):
+                hung_up = True  # reset, or closed under us
+            if hung_up:
+                self.provider._hung_up(number)
+                return False
+            if readable:  # the client sent more bytes: nothing to watch, just wait
+                return self.provider._wait(remaining)
+            if self.provider._stopping.is_set():
+                return False
+        return not self.provider._stopping.is_set()
 
     def _complete(
         self,

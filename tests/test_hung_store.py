@@ -1,0 +1,440 @@
+"""A hung or failing checkpoint store never slows a turn, and checkpointing comes back.
+
+Real sick stores: a ``redis-server`` frozen with SIGSTOP, a DiskCache whose
+SQLite database another process holds locked, a file store on a disk whose
+fsync takes seconds (simulated: the one stand-in here). Each turn is timed
+against the same turn on the healthy store, measured in the same test: the sick
+turn may take at most one ``checkpoint_deadline`` longer (the turn's last write
+waits that long), plus a margin for a busy machine.
+
+Also here: a sync stream that stalls is closed from the wrapper's side, so the
+provider stops generating and no reader thread lingers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessageChunk
+
+from awaken_langchain import (
+    DiskCacheStreamCheckpointStore,
+    FileStreamCheckpointStore,
+    RecoveringChatModel,
+    RetryPolicy,
+    StreamCheckpointStore,
+)
+from awaken_langchain.errors import StreamCheckpointWarning
+from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+from awaken_langchain.testing import ScriptedChatModel, Stall, finish, text
+from tests.conftest import Drive
+from tests.redis_server import RedisServer, unique_prefix
+
+DEADLINE = 0.5
+"""``checkpoint_deadline`` of every wrapper here."""
+MARGIN = 1.5
+"""Slack for a loaded CI machine on top of healthy time + one deadline."""
+SICK_AT = 0.5
+"""Seconds into the turn at which the store falls sick."""
+T = TypeVar("T", bound=StreamCheckpointStore)
+WARNING = "awaken_checkpoint_warning"
+RECOVERED = "awaken_checkpoint_recovered"
+
+
+def words(count: int) -> str:
+    """``count`` four-character words: one chunk each."""
+    return "".join(f"w{i:02d} " if i < 100 else f"{i:03d} " for i in range(count))
+
+
+TEXT = words(80)
+"""The answer of a normal turn: 80 chunks, streamed over about a second."""
+
+
+def paced(answer: str, seconds: float) -> ScriptedChatModel:
+    """A model that streams ``answer`` in 4-character chunks spread over ``seconds``."""
+    chunks = text(answer)
+    pause = seconds / len(chunks)
+    steps: list[Any] = []
+    for chunk in chunks:
+        steps += [chunk, Stall(pause)]
+    return ScriptedChatModel(default=[*steps, finish()])
+
+
+def wrap(inner: ScriptedChatModel, store: StreamCheckpointStore) -> RecoveringChatModel:
+    """The wrapper under test: one key per turn, complete turns kept in the store."""
+    return RecoveringChatModel(
+        model=inner,
+        store=store,
+        checkpoint_deadline=DEADLINE,
+        keep_until_committed=True,
+        checkpoint_key=lambda config: str(config["configurable"]["turn"]),
+    )
+
+
+class Events(BaseCallbackHandler):
+    """Records the names of the recovery events a turn reports, as they come."""
+
+    run_inline = True
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.names.append(name)
+
+
+@dataclass
+class Turn:
+    """What the caller of one streamed turn saw."""
+
+    key: str
+    seconds: float = 0.0
+    text: str = ""
+    events: list[str] = field(default_factory=list)
+    """Recovery events reported so far (filled while the turn streams)."""
+    warnings: int = 0
+    awaken: dict[str, Any] = field(default_factory=dict)
+
+
+async def stream_turn(
+    drive: Drive,
+    model: RecoveringChatModel,
+    *,
+    at: tuple[float, Callable[[], None]] | None = None,
+    each: Callable[[Turn], None] | None = None,
+    turn: Turn | None = None,
+) -> Turn:
+    """Stream one turn under a new key, timing it from the call to the last chunk.
+
+    Args:
+        drive: Sync or async entry points.
+        model: The wrapper.
+        at: ``(seconds, action)``: run ``action`` on a timer thread that many
+            seconds into the turn.
+        each: Called with the turn so far after each chunk.
+        turn: The record to fill (to watch it from another thread); a new one by default.
+    """
+    turn = turn or Turn(key=f"turn-{uuid.uuid4().hex[:8]}")
+    config: Any = {"callbacks": [Events(turn.events)], "configurable": {"turn": turn.key}}
+    timer = threading.Timer(at[0], at[1]) if at is not None else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StreamCheckpointWarning)
+        start = time.monotonic()
+        if timer is not None:
+            timer.start()
+        try:
+            async for chunk in drive.iterate(model, "Count.", config=config):
+                assert isinstance(chunk, AIMessageChunk)
+                turn.text += chunk.text
+                turn.awaken = chunk.response_metadata.get("awaken", turn.awaken)
+                if each is not None:
+                    each(turn)
+        finally:
+            turn.seconds = time.monotonic() - start
+            if timer is not None:
+                timer.cancel()
+    turn.warnings = sum(issubclass(w.category, StreamCheckpointWarning) for w in caught)
+    return turn
+
+
+def warm(store: T) -> T:
+    """Open the store's connections, so that a first turn is not timed with them."""
+    run_id = f"warm-up-{uuid.uuid4().hex[:8]}"
+    store.claim(run_id)
+    store.get(run_id)
+    store.delete(run_id)
+    return store
+
+
+def assert_not_slowed(sick: Turn, healthy: Turn, answer: str = TEXT) -> None:
+    """The sick turn kept stream speed, delivered everything, and warned once."""
+    assert healthy.text == answer
+    assert healthy.events == []
+    assert healthy.awaken["checkpoint_complete"] is True
+    assert sick.seconds <= healthy.seconds + DEADLINE + MARGIN, (sick.seconds, healthy.seconds)
+    assert sick.text == answer
+    assert sick.events.count(WARNING) == 1, sick.events
+    assert sick.warnings == 1
+    # The closing write could not land: the turn does not claim a kept checkpoint.
+    assert sick.awaken["checkpoint_complete"] is False
+
+
+# -- Redis frozen with SIGSTOP ----------------------------------------------------------
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A ``redis-server`` of this test alone, which it may freeze."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.process is not None:
+            server.process.send_signal(signal.SIGCONT)
+        server.stop()
+
+
+def freeze(server: RedisServer) -> None:
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+
+
+def thaw(server: RedisServer) -> None:
+    assert server.process is not None
+    server.process.send_signal(signal.SIGCONT)
+
+
+def redis_store(server: RedisServer) -> StreamCheckpointStore:
+    # A short socket timeout frees the writer sooner; the bound does not rely on it.
+    return warm(RedisStreamCheckpointStore(server.url, prefix=unique_prefix(), socket_timeout=1.0))
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+async def test_a_frozen_redis_costs_a_turn_one_warning_not_its_speed(
+    drive: Drive, redis: RedisServer
+) -> None:
+    model = wrap(paced(TEXT, 1.0), redis_store(redis))
+    healthy = await stream_turn(drive, model)
+    try:
+        sick = await stream_turn(drive, model, at=(SICK_AT, lambda: freeze(redis)))
+    finally:
+        thaw(redis)
+
+    assert_not_slowed(sick, healthy)
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+async def test_checkpointing_resumes_within_the_turn_once_redis_answers_again(
+    drive: Drive, redis: RedisServer
+) -> None:
+    answer = words(160)  # about 2 s: frozen from 0.5 s until the turn has warned
+    # The default socket timeout (5 s) outlasts the outage: the frozen call is
+    # answered when Redis thaws instead of failing on its own.
+    store = warm(RedisStreamCheckpointStore(redis.url, prefix=unique_prefix()))
+    model = wrap(paced(answer, 2.0), store)
+    turn = Turn(key="turn-recovers")
+    thawed_with = -1  # characters the caller had when Redis answered again
+    landed: list[str] = []  # checkpointed text read back while the turn streamed
+
+    def outage() -> None:
+        nonlocal thawed_with
+        freeze(redis)
+        deadline = time.monotonic() + 5.0
+        while WARNING not in turn.events and time.monotonic() < deadline:
+            time.sleep(0.01)
+        thaw(redis)
+        thawed_with = len(turn.text)
+
+    sick = threading.Thread(target=outage)
+
+    def read_back(turn: Turn) -> None:
+        if len(turn.text) == 40:  # 0.5 s in, and the run surely open: fall sick
+            sick.start()
+        elif thawed_with >= 0 and len(turn.text) % 40 == 0:
+            checkpoint = store.get(turn.key)
+            if checkpoint is not None:
+                landed.append(checkpoint.partial_text)
+
+    try:
+        await stream_turn(drive, model, each=read_back, turn=turn)
+    finally:
+        if sick.ident is not None:
+            sick.join()
+        thaw(redis)
+
+    assert turn.text == answer
+    assert turn.awaken["checkpoint_writes"] > 0
+    assert thawed_with > 0
+    assert turn.events.count(WARNING) == 1, turn.events
+    assert turn.events.count(RECOVERED) == 1, turn.events
+    assert turn.events.index(WARNING) < turn.events.index(RECOVERED)
+    assert all(answer.startswith(partial) for partial in landed)
+    assert any(len(partial) > thawed_with for partial in landed), (thawed_with, landed)
+    # With the store back, the closing write landed too.
+    assert turn.awaken["checkpoint_complete"] is True
+
+
+# -- DiskCache locked by another process --------------------------------------------------
+
+LOCKER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], timeout=10, isolation_level=None)
+print("ready", flush=True)
+sys.stdin.readline()
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("ROLLBACK")
+db.close()
+"""
+
+
+class Locker:
+    """Another process that, when told, holds an SQLite database locked for ``seconds``."""
+
+    def __init__(self, database: Path, seconds: float) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", LOCKER, str(database), str(seconds)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        assert self.read() == "ready"
+
+    def read(self) -> str:
+        assert self.process.stdout is not None
+        return self.process.stdout.readline().decode().strip()
+
+    def lock(self) -> None:
+        """Take the lock now (returns before the child has it)."""
+        assert self.process.stdin is not None
+        self.process.stdin.write(b"go\n")
+        self.process.stdin.flush()
+
+    def released(self) -> None:
+        """Wait until the child took the lock and let it go again."""
+        assert self.read() == "locked"
+        self.process.wait(timeout=10)
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
+@pytest.fixture
+def diskcache_store(tmp_path: Path) -> Iterator[DiskCacheStreamCheckpointStore]:
+    store = warm(DiskCacheStreamCheckpointStore(tmp_path / "cache"))
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def locker(diskcache_store: DiskCacheStreamCheckpointStore) -> Iterator[Locker]:
+    """A process that locks the DiskCache store's database for 1.3 s when told."""
+    locker = Locker(diskcache_store.directory / "cache.db", 1.3)
+    yield locker
+    locker.close()
+
+
+@pytest.mark.slow
+async def test_a_diskcache_locked_by_another_process_costs_a_turn_one_warning_not_its_speed(
+    drive: Drive, diskcache_store: DiskCacheStreamCheckpointStore, locker: Locker
+) -> None:
+    store = diskcache_store
+    model = wrap(paced(TEXT, 1.0), store)
+    healthy = await stream_turn(drive, model)
+
+    sick = await stream_turn(drive, model, at=(SICK_AT, locker.lock))
+    locker.released()
+
+    assert_not_slowed(sick, healthy)
+
+    # Lock released: the next turn checkpoints as usual while it streams.
+    landed: list[str] = []
+
+    def read_back(turn: Turn) -> None:
+        if len(turn.text) % 40 == 0:
+            checkpoint = store.get(turn.key)
+            if checkpoint is not None and checkpoint.partial_text:
+                landed.append(checkpoint.partial_text)
+
+    after = await stream_turn(drive, wrap(paced(TEXT, 0.5), store), each=read_back)
+    assert after.text == TEXT
+    assert WARNING not in after.events
+    assert landed
+    assert all(TEXT.startswith(partial) for partial in landed)
+    assert after.awaken["checkpoint_complete"] is True
+
+
+# -- a file store on a slow disk ------------------------------------------------------------
+
+
+class SlowDiskStore(FileStreamCheckpointStore):
+    """A file store whose fsync takes ``seconds`` once ``slow`` is set (a sick disk)."""
+
+    def __init__(self, directory: Path, seconds: float) -> None:
+        super().__init__(directory)
+        self.slow = threading.Event()
+        self.seconds = seconds
+        self.slow_syncs = 0
+
+    def _sync(self, fd: int) -> None:
+        if self.slow.is_set():
+            self.slow_syncs += 1
+            time.sleep(self.seconds)
+        super()._sync(fd)
+
+
+@pytest.mark.slow
+async def test_a_file_store_on_a_slow_disk_costs_a_turn_one_warning_not_its_speed(
+    drive: Drive, tmp_path: Path
+) -> None:
+    store = warm(SlowDiskStore(tmp_path / "files", seconds=2.0))
+    model = wrap(paced(TEXT, 1.0), store)
+    healthy = await stream_turn(drive, model)
+
+    sick = await stream_turn(drive, model, at=(SICK_AT, store.slow.set))
+
+    assert store.slow_syncs > 0  # the slow fsync really was in the writes' path
+    assert_not_slowed(sick, healthy)
+
+
+# -- a stalled sync stream is closed ------------------------------------------------------
+
+
+def pump_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "awaken-stream-pump"]
+
+
+async def _no_sleep(seconds: float) -> None:
+    await asyncio.sleep(0)
+
+
+@pytest.mark.slow
+async def test_a_stalled_stream_is_closed_as_soon_as_the_wrapper_gives_up_on_it(
+    drive: Drive,
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    from awaken_langchain.testing import Fault, LoopbackProvider, Scenario
+
+    idle = 0.5
+    with LoopbackProvider() as server:
+        server.enqueue(Scenario(text=TEXT, fault=Fault.stall(30, after_events=5)))
+        inner = ChatOpenAI(
+            model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+        model = RecoveringChatModel(
+            model=inner,
+            stream_idle_timeout=idle,
+            retry_policy=RetryPolicy(sleep=lambda seconds: None, async_sleep=_no_sleep),
+        )
+        chunks = await drive.stream(model, "Count.")
+        answer = "".join(chunk.text for chunk in chunks)
+        stalled = server.requests[0]
+
+        assert len(server.requests) == 2  # the wrapper gave up on the stall and continued
+        assert answer.startswith(TEXT[:4])
+        # The client closed the stalled connection when it moved on, not 30 s later.
+        hangup = server.hangups.get(stalled.number)
+        assert hangup is not None, server.hangups
+        assert hangup - stalled.received_at < idle + 1.0
+        # ... and no reader thread is left waiting for the stalled stream.
+        for thread in pump_threads():
+            thread.join(timeout=1.0)
+        assert pump_threads() == []
