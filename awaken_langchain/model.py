@@ -265,6 +265,13 @@ class RecoveringChatModel(BaseChatModel):
             return data
         return {k: v for k, v in data.items() if k in own} | {"model": with_settings(inner, extra)}
 
+    @model_validator(mode="after")
+    def _inner_output_version(self) -> RecoveringChatModel:
+        """Shape the answer's content as the inner model does (its ``output_version``)."""
+        if "output_version" not in self.model_fields_set:
+            self.output_version = getattr(self.model, "output_version", None)
+        return self
+
     # -- LangChain identity --------------------------------------------------------------
 
     @property
@@ -480,6 +487,8 @@ class RecoveringChatModel(BaseChatModel):
             every_seconds=self.checkpoint_every_seconds,
             keep_for=self.keep_max_age,
             resume_max_age=self.resume_max_age,
+            # a whole answer is translated once it is whole, as for the inner model
+            standard_blocks=not whole and getattr(self.model, "output_version", None) == "v1",
         )
         reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
         return TurnEngine(turn, request), reporter
@@ -487,6 +496,10 @@ class RecoveringChatModel(BaseChatModel):
     def _usage_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
         if "stream_usage" in kwargs or not _streams_usage_on_request(type(self.model)):
+            return kwargs
+        responses = getattr(self.model, "_use_responses_api", None)
+        settings = {**kwargs, **(getattr(self.model, "model_kwargs", None) or {})}
+        if callable(responses) and responses(settings):  # the Responses API always sends usage
             return kwargs
         return {**kwargs, "stream_usage": True}
 
