@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -276,7 +276,21 @@ class RecoveringChatModel(BaseChatModel):
 
     @property
     def _llm_type(self) -> str:
-        return f"awaken-{self.model._llm_type}"
+        return f"awaken-{self.model._llm_type}"  # callbacks skip the wrapper's own runs by it
+
+    @property
+    def model_name(self) -> str | None:
+        """The inner model's name, where LangChain reads a model's name.
+
+        Agents choose how to ask for structured output by the model's name
+        (``model_name``, else ``model``): the wrapper's ``model`` is the inner
+        model itself, so the name is answered here.
+        """
+        name = self.model._get_ls_params().get("ls_model_name")
+        return str(name) if name else None
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        return self.model.profile
 
     @property
     def _identifying_params(self) -> dict[str, Any]:

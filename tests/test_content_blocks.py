@@ -22,8 +22,15 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
 
-from awaken_langchain import RecoveringChatModel, RetryPolicy
+from awaken_langchain import (
+    InMemoryStreamCheckpointStore,
+    RecoveringChatModel,
+    RetryPolicy,
+    StreamCheckpoint,
+    StreamInterruptedError,
+)
 from awaken_langchain.testing import (
     Fault,
     LoopbackProvider,
@@ -31,6 +38,7 @@ from awaken_langchain.testing import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    schema_responder,
 )
 from awaken_langchain.testing._wire import unseal
 from awaken_langchain.testing.server import RecordedRequest
@@ -350,3 +358,110 @@ async def test_an_agent_loop_with_thinking_sends_every_step_as_anthropic_require
     assert not rejected(server)
     assert not rejected(uncut_server)
     assert len(server.requests) == (3 if fault is None else 4)
+
+
+# -- identity: what agents read from a model ----------------------------------------------
+
+
+class Weather(BaseModel):
+    city: str
+    degrees: int
+
+
+def plain(provider: str, server: LoopbackProvider) -> BaseChatModel:
+    if provider == "anthropic":
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model="claude-sonnet-4-6",
+            base_url=server.base_url_anthropic,
+            api_key="x",
+            max_retries=0,
+        )
+    return ChatOpenAI(
+        model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+    )
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_agent_with_a_response_format_reads_the_inner_models_identity(
+    servers: Callable[[], LoopbackProvider], provider: str, drive: Drive
+) -> None:
+    server = servers()
+    server.default = schema_responder()
+    inner = plain(provider, server)
+    wrapper = RecoveringChatModel(model=inner, retry_policy=NO_WAIT)
+    assert wrapper.profile == inner.profile
+    assert wrapper.model_name == inner._get_ls_params()["ls_model_name"]
+    assert wrapper._llm_type == f"awaken-{inner._llm_type}"  # callbacks skip wrapper runs by it
+    agent = create_agent(wrapper, tools=[get_temperature], response_format=Weather)
+    result = await drive.invoke(agent, {"messages": [("user", "Weather in Utrecht?")]})
+    assert isinstance(result["structured_response"], Weather)
+    assert not rejected(server)
+
+
+# -- checkpoints keep whole blocks ---------------------------------------------------------
+
+
+async def test_a_resumed_turn_replays_its_whole_blocks_and_finishes_uncut(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = THINK_AND_TEXT
+    uncut = what_a_user_reads(
+        await drive.invoke(bare("anthropic", uncut_server), "q"), transport=False
+    )
+    store = InMemoryStreamCheckpointStore()
+    first = RecoveringChatModel(
+        model=bare("anthropic", server),
+        retry_policy=RetryPolicy(max_continuations=0, max_attempts=1),
+        store=store,
+        checkpoint_key=lambda _config: "turn-1",
+        checkpoint_every_chunks=1,
+    )
+    server.enqueue(dataclasses.replace(THINK_AND_TEXT, fault=Fault.drop_after_events(11)))
+    with pytest.raises(StreamInterruptedError):  # the process gives up on the turn mid-text
+        await drive.invoke(first, "q")
+    saved = store.get("turn-1")
+    assert isinstance(saved, StreamCheckpoint)
+    assert saved.schema_version == 3
+    assert [(b.block["type"], b.text_offset) for b in saved.completed_blocks] == [("thinking", 0)]
+    assert saved.completed_blocks[0].block["signature"]
+    server.enqueue(
+        dataclasses.replace(THINK_AND_TEXT, text=TEXT[len(saved.partial_text) :], thinking=[])
+    )
+    second = first.model_copy(update={"retry_policy": NO_WAIT})
+    found = what_a_user_reads(await drive.invoke(second, "q"), transport=False)
+    assert found == uncut
+    assert not rejected(server)
+
+
+def test_version_1_and_2_checkpoints_still_load_without_blocks() -> None:
+    for version in (1, 2):
+        record = StreamCheckpoint.model_validate(
+            {"schema_version": version, "run_id": "old", "partial_text": "Hello"}
+        )
+        assert record.completed_blocks == ()
+        assert not record.content_blocks
+
+
+# -- plan R2: a whole call and a cut-off one ------------------------------------------------
+
+SECOND = ScriptedToolCall("get_temperature", {"city": "Amsterdam"}, id="call_two")
+TWO_CALLS = dataclasses.replace(THINK_AND_CALL, tool_calls=[CALL, SECOND])
+R2_CUTS = {"anthropic": 22, "responses/v1": 29, "v1": 29}  # inside the second call's arguments
+
+
+@pytest.mark.parametrize("surface", list(R2_CUTS))
+async def test_a_turn_cut_inside_its_second_call_ends_with_the_first_as_documented(
+    servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = TWO_CALLS
+    uncut = merged(await drive.stream(bare(surface, uncut_server), "q"))
+    server.default = dataclasses.replace(TWO_CALLS, fault=Fault.drop_after_events(R2_CUTS[surface]))
+    message = merged(await drive.stream(wrapped(surface, server), "q"))
+    assert message.response_metadata["awaken"]["plans"] == ["R2"]
+    assert message.tool_calls == uncut.tool_calls[:1]
+    assert [c["id"] for c in message.invalid_tool_calls] == ["call_two"]
+    assert renumbered(message.content) == renumbered(uncut.content[: len(message.content)])
+    assert len(message.content) == len(uncut.content) - 1  # the cut call's block is not shown
+    assert len(server.requests) == 1
