@@ -75,6 +75,8 @@ class TurnRequest:
     """The answer must be one JSON document: never continued as text."""
     release_key: str | None = None
     """The kept checkpoint of the previous turn, which memory now holds."""
+    model: Any = None
+    """The chat model that answers (resolved from the call's config for a configurable one)."""
 
 
 @dataclass(slots=True)

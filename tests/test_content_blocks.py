@@ -465,3 +465,25 @@ async def test_a_turn_cut_inside_its_second_call_ends_with_the_first_as_document
     assert renumbered(message.content) == renumbered(uncut.content[: len(message.content)])
     assert len(message.content) == len(uncut.content) - 1  # the cut call's block is not shown
     assert len(server.requests) == 1
+
+
+async def test_a_configurable_inner_model_is_resolved_from_each_calls_config(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    from langchain.chat_models import init_chat_model
+
+    server = servers()
+    server.default = exact_continuation(Scenario(text=TEXT), Fault.drop_after_events(3))
+    configurable = init_chat_model(
+        "gpt-4o-mini",
+        model_provider="openai",
+        configurable_fields=("model", "base_url"),
+        api_key="x",
+        max_retries=0,
+    )
+    wrapper = RecoveringChatModel(model=configurable, retry_policy=NO_WAIT)
+    config = {"configurable": {"model": "gpt-4o", "base_url": server.base_url_openai}}
+    message = merged(await drive.stream(wrapper, "q", config=config))
+    assert message.content == TEXT
+    assert message.response_metadata["awaken"]["plans"] == ["R1"]
+    assert [r.body["model"] for r in server.requests] == ["gpt-4o", "gpt-4o"]
