@@ -164,6 +164,7 @@ def strict_args(raw: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+_CALL_ITEM_IDS = "__openai_function_call_ids__"
 _SHAPE_KEYS = ("model_provider", "output_version")
 _TEXT_KEYS = frozenset(("type", "text", "index"))
 
@@ -238,6 +239,12 @@ class TurnAccumulator:
         """The turn's index of the text block a continuation's first text extends."""
         self._text_index: Any = None
         self.completed_blocks: list[CompletedBlock] = []
+        self._item_ids: dict[str, Any] = {}
+        """ChatOpenAI's function call item ids (``v0``), by call id, until the call is whole."""
+        self._reasoning: dict[str, Any] | None = None
+        """A ``v0`` reasoning item (``additional_kwargs["reasoning"]``) still arriving."""
+        self._held_kwargs: list[dict[str, Any]] = []
+        """Whole ``v0`` reasoning items held back with text that is held back."""
         self._visible = False
         """Whether non-whitespace text has been released."""
         self._text = ""
@@ -340,6 +347,11 @@ class TurnAccumulator:
             self.discarded_chars += call.size
         for block in self._pending.values():
             self.discarded_chars += _size(block)
+        if self._reasoning is not None:
+            self.discarded_chars += _size(self._reasoning)
+            self._reasoning = None
+        if not continuing:
+            self._held_kwargs = []
         if not continuing and self._held:  # a restart: what was held back is discarded
             self.discarded_chars += sum(
                 len(p) if isinstance(p, str) else _size(p) for p in self._held
@@ -380,6 +392,8 @@ class TurnAccumulator:
         out: list[AIMessageChunk] = []
         content = message.content
         calls = getattr(message, "tool_call_chunks", None) or []
+        if (content or calls) and self._reasoning is not None:
+            self._complete_reasoning(out)  # a later output item began
         if isinstance(content, list):
             if self.standard_blocks:  # as LangChain's stream() shows them
                 content = cast(list[Any], message.content_blocks)
@@ -393,16 +407,14 @@ class TurnAccumulator:
             for piece in calls:
                 self._feed_call(piece, out)
         kwargs = {k: v for k, v in message.additional_kwargs.items() if k not in _SKIPPED_KWARGS}
+        reasoning = kwargs.pop("reasoning", None) if self.blocks else None
+        item_ids = kwargs.pop(_CALL_ITEM_IDS, None) if self.blocks else None
+        if item_ids:  # released with their calls, never for a call that was cut off
+            self._item_ids.update(item_ids)
+        if reasoning is not None:
+            self._feed_reasoning(reasoning, out)
         if kwargs:
-            self.additional_kwargs = merge_dicts(self.additional_kwargs, kwargs)
-            out.append(
-                AIMessageChunk(
-                    content=self._empty(),
-                    additional_kwargs=kwargs,
-                    id=self.message_id,
-                    response_metadata=self._shape(),
-                )
-            )
+            self._emit_kwargs(kwargs, out)
         usage = getattr(message, "usage_metadata", None)
         if usage:
             self.usage = add_usage(self.usage, usage)
@@ -412,6 +424,8 @@ class TurnAccumulator:
             self.terminal = True
         if self.terminal:
             self._release_seam(out)
+            if self._reasoning is not None:
+                self._complete_reasoning(out)
             self._close_blocks(out)
             self._release_held(out)
             for index in sorted(self._open):
@@ -554,7 +568,38 @@ class TurnAccumulator:
         if not self.hold_text and (self._visible or text.strip()):
             self._release_held(out)
 
+    def _feed_reasoning(self, piece: dict[str, Any], out: list[AIMessageChunk]) -> None:
+        """Take a piece of a ``v0`` reasoning item: released only whole, like a block."""
+        pending = self._reasoning
+        if pending is not None and piece.get("id") and piece.get("id") != pending.get("id"):
+            self._complete_reasoning(out)  # another item began
+            pending = None
+        self._reasoning = piece if pending is None else merge_dicts(pending, piece)
+        if "encrypted_content" in piece:  # the item's done event
+            self._complete_reasoning(out)
+
+    def _complete_reasoning(self, out: list[AIMessageChunk]) -> None:
+        item, self._reasoning = self._reasoning, None
+        if item is not None:
+            self._held_kwargs.append({"reasoning": item})
+            if not self.hold_text and self._visible:
+                self._release_held(out)
+
+    def _emit_kwargs(self, kwargs: dict[str, Any], out: list[AIMessageChunk]) -> None:
+        self.additional_kwargs = merge_dicts(self.additional_kwargs, kwargs)
+        out.append(
+            AIMessageChunk(
+                content=self._empty(),
+                additional_kwargs=kwargs,
+                id=self.message_id,
+                response_metadata=self._shape(),
+            )
+        )
+
     def _release_held(self, out: list[AIMessageChunk]) -> None:
+        for kwargs in self._held_kwargs:
+            self._emit_kwargs(kwargs, out)
+        self._held_kwargs = []
         if not self._held:
             return
         pieces, self._held = self._held, []
@@ -678,7 +723,7 @@ class TurnAccumulator:
     @property
     def block_in_flight(self) -> bool:
         """Whether a content block that cannot be sent back yet was cut off."""
-        return bool(self._pending)
+        return bool(self._pending) or self._reasoning is not None
 
     def content_prefix(self) -> list[Any]:
         """The released content blocks, as a continuation's assistant message sends them."""
@@ -755,6 +800,8 @@ class TurnAccumulator:
             CompletedToolCall(id=call.id or "", name=call.name, args=args, index=call.index)
         )
         piece = tool_call_chunk(name=call.name, args=raw or "{}", id=call.id, index=call.index)
+        if call.id in self._item_ids:
+            self._emit_kwargs({_CALL_ITEM_IDS: {call.id: self._item_ids.pop(call.id)}}, out)
         if self.blocks and not self.hold_text:
             self._visible = True  # a whole call is usable: what came before it is kept
             self._release_held(out)
