@@ -130,6 +130,16 @@ def what_a_user_reads(message: AIMessage, *, transport: bool = True) -> dict[str
     return found
 
 
+def what_invoke_returns(message: AIMessage) -> dict[str, Any]:
+    """What a user reads, but the transport metadata of a streamed vs a JSON answer."""
+    found = what_a_user_reads(message, transport=False)
+    found["usage"] = message.usage_metadata
+    found["finish"] = message.response_metadata.get("stop_reason") or message.response_metadata.get(
+        "status"
+    )
+    return found
+
+
 _NUMBERED = re.compile(r"_loopback_\d+")
 
 
@@ -200,8 +210,8 @@ async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
     if surface == "v0":  # reasoning in additional_kwargs: see the README's limits
         return
     # invoke: the bare model answers in one JSON body, the wrapper streams; blocks are equal
-    expected = what_a_user_reads(await drive.invoke(bare(surface, first), "q"), transport=False)
-    found = what_a_user_reads(await drive.invoke(wrapped(surface, second), "q"), transport=False)
+    expected = what_invoke_returns(await drive.invoke(bare(surface, first), "q"))
+    found = what_invoke_returns(await drive.invoke(wrapped(surface, second), "q"))
     assert renumbered(found) == renumbered(expected)
     assert not rejected(first)
     assert not rejected(second)
