@@ -14,15 +14,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.messages import AIMessage, AIMessageChunk
 from langchain_core.messages.ai import UsageMetadata, add_usage
 from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.utils._merge import merge_dicts, merge_lists
 from langchain_core.utils.json import parse_partial_json
 
 from awaken_langchain.checkpoint import (
+    CompletedBlock,
     CompletedToolCall,
     InFlightToolCall,
     NotExecutedToolCall,
@@ -69,6 +71,68 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _carries_call(content: Any, call_id: str | None) -> bool:
+    """Whether ``content`` holds the block of the tool call ``call_id``."""
+    if not call_id or not isinstance(content, list):
+        return False
+    return any(isinstance(b, dict) and call_id in (b.get("id"), b.get("call_id")) for b in content)
+
+
+def _is_text(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") == "text"
+
+
+def _unindexed(block: Any) -> Any:
+    """A released block as a whole message holds it: without its streaming index."""
+    if isinstance(block, dict) and "index" in block:
+        return {k: v for k, v in block.items() if k != "index"}
+    return block
+
+
+def _whole(block: Any, *, responses: bool) -> Any:
+    """A streamed block as the provider's non-streamed answer holds it.
+
+    Without streaming indexes (its own and its parts'); an Anthropic tool use
+    block with its input parsed from the JSON that streamed; a Responses text
+    part with its (possibly empty) annotations and a whole function call item
+    with its ``completed`` status.
+
+    Args:
+        block: The merged streamed block.
+        responses: Whether the answer came from OpenAI's Responses API.
+    """
+    if isinstance(block, str):
+        return {"type": "text", "text": block}
+    if not isinstance(block, dict):
+        return block
+    block = {k: _unindexed_parts(v) for k, v in block.items() if k != "index"}
+    kind = block.get("type")
+    if "partial_json" in block and not block.get("input"):
+        args = strict_args(str(block.get("partial_json") or ""))
+        if args is not None:
+            block = {k: v for k, v in block.items() if k != "partial_json"}
+            block["input"] = args
+    if responses and kind == "text":
+        block.setdefault("annotations", [])
+    whole = strict_args(str(block.get("arguments") or "")) is not None
+    if responses and kind == "function_call" and "status" not in block and whole:
+        block["status"] = "completed"
+    return block
+
+
+def _unindexed_parts_of(value: Any) -> Any:
+    """A pass-through field (Responses ``reasoning``) without its parts' streaming indexes."""
+    if isinstance(value, dict):
+        return {k: _unindexed_parts(v) for k, v in value.items()}
+    return value
+
+
+def _unindexed_parts(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_unindexed(v) for v in value]
+    return value
+
+
 def dumps_args(args: dict[str, Any]) -> str:
     """Tool arguments as the JSON text a tool-call chunk carries."""
     return json.dumps(args, ensure_ascii=False)
@@ -100,6 +164,33 @@ def strict_args(raw: str) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+_CALL_ITEM_IDS = "__openai_function_call_ids__"
+_SHAPE_KEYS = ("model_provider", "output_version")
+_TEXT_KEYS = frozenset(("type", "text", "index"))
+
+
+def _block_is_whole(block: Mapping[str, Any]) -> bool:
+    """Whether a non-text block can be sent back as it is, before its end arrives.
+
+    A thinking block is whole once its signature arrived; a redacted thinking
+    block arrives whole. Any other block is whole once a later block begins or
+    the turn ends.
+    """
+    kind = block.get("type")
+    if kind == "thinking":
+        return bool(block.get("signature"))
+    return kind == "redacted_thinking"
+
+
+def _unsigned(block: Mapping[str, Any]) -> bool:
+    """Whether a block cannot be sent back because its signature never came."""
+    return block.get("type") == "thinking" and not block.get("signature")
+
+
+def _size(block: Mapping[str, Any]) -> int:
+    return len(json.dumps(block, ensure_ascii=False, default=str))
+
+
 class TurnAccumulator:
     """Everything that has arrived of one assistant turn, across attempts.
 
@@ -113,6 +204,8 @@ class TurnAccumulator:
         checkpoint: A checkpoint to resume from: its text and complete tool calls
             count as already delivered; its in-flight call is dropped.
         hold_text: Hold all text back until the turn ends.
+        standard_blocks: Translate the inner model's blocks to LangChain's standard
+            blocks, as a model with ``output_version="v1"`` shows them.
     """
 
     def __init__(
@@ -121,11 +214,37 @@ class TurnAccumulator:
         checkpoint: StreamCheckpoint | None = None,
         *,
         hold_text: bool = False,
+        standard_blocks: bool = False,
     ) -> None:
         self.message_id = message_id
         self.hold_text = hold_text
-        self._held: list[str] = []
-        """Text received but not yet released (see the class docstring)."""
+        self.standard_blocks = standard_blocks
+        self._held: list[Any] = []
+        """Output received but not yet released (see the class docstring): text
+        pieces, or, once the inner model streams content blocks, text pieces and
+        whole blocks."""
+        self.blocks = False
+        """Whether the inner model streams content as a list of blocks."""
+        self._content: list[Any] = []
+        """The released content blocks, merged as chunk addition merges them."""
+        self._pending: dict[Any, dict[str, Any]] = {}
+        """Non-text blocks still arriving, by their index in the turn."""
+        self._block_map: dict[Any, Any] = {}
+        """This attempt's block indexes -> the turn's."""
+        self._used: set[Any] = set()
+        self._next_block = 0
+        self._shift = False
+        """Whether this attempt's block indexes are moved past those already used."""
+        self._continued: Any = None
+        """The turn's index of the text block a continuation's first text extends."""
+        self._text_index: Any = None
+        self.completed_blocks: list[CompletedBlock] = []
+        self._item_ids: dict[str, Any] = {}
+        """ChatOpenAI's function call item ids (``v0``), by call id, until the call is whole."""
+        self._reasoning: dict[str, Any] | None = None
+        """A ``v0`` reasoning item (``additional_kwargs["reasoning"]``) still arriving."""
+        self._held_kwargs: list[dict[str, Any]] = []
+        """Whole ``v0`` reasoning items held back with text that is held back."""
         self._visible = False
         """Whether non-whitespace text has been released."""
         self._text = ""
@@ -150,6 +269,8 @@ class TurnAccumulator:
             self.completed = list(checkpoint.completed_tool_calls)
             self.invalid = list(checkpoint.invalid_tool_calls)
             self.terminal = checkpoint.complete
+            self.completed_blocks = list(checkpoint.completed_blocks)
+            self.blocks = bool(self.completed_blocks) or checkpoint.content_blocks
             used = [c.index for c in self.completed] + [c.index for c in self.invalid]
             cut = checkpoint.in_flight_tool_call
             if cut is not None:
@@ -212,6 +333,8 @@ class TurnAccumulator:
             completed_tool_calls=tuple(self.completed),
             in_flight_tool_call=in_flight,
             invalid_tool_calls=tuple(self.invalid),
+            completed_blocks=tuple(self.completed_blocks),
+            content_blocks=self.blocks,
             message_id=self.message_id,
             **fields,
         )
@@ -222,9 +345,28 @@ class TurnAccumulator:
         """Start a new request; a continuation de-duplicates its seam."""
         for call in self._open.values():
             self.discarded_chars += call.size
+        for block in self._pending.values():
+            self.discarded_chars += _size(block)
+        if self._reasoning is not None:
+            self.discarded_chars += _size(self._reasoning)
+            self._reasoning = None
+        if not continuing:
+            self._held_kwargs = []
         if not continuing and self._held:  # a restart: what was held back is discarded
-            self.discarded_chars += sum(len(piece) for piece in self._held)
+            self.discarded_chars += sum(
+                len(p) if isinstance(p, str) else _size(p) for p in self._held
+            )
             self._held = []
+        self._pending = {}
+        self._block_map = {}
+        kept = [b.get("index") for b in (*self._content, *self._held) if isinstance(b, dict)]
+        self._used = {i for i in kept if i is not None}  # a discarded block's index is free
+        self._next_block = max((i + 1 for i in self._used if isinstance(i, int)), default=0)
+        self._shift = bool(self._content)
+        last = self._content[-1] if self._content else None
+        self._continued = (
+            last.get("index") if continuing and isinstance(last, dict) and _is_text(last) else None
+        )
         self._open = {}
         self._index_map = {}
         self.terminal = False
@@ -248,21 +390,31 @@ class TurnAccumulator:
             return [plain]
         message = generation.message
         out: list[AIMessageChunk] = []
-        text = _text_of(message.content)
+        content = message.content
         calls = getattr(message, "tool_call_chunks", None) or []
-        if text:
-            if self._seam is not None:
-                text = self._seam.feed(text)
-            if text:
-                self._emit_text(text, out)
+        if (content or calls) and self._reasoning is not None:
+            self._complete_reasoning(out)  # a later output item began
+        if isinstance(content, list):
+            if self.standard_blocks:  # as LangChain's stream() shows them
+                content = cast(list[Any], message.content_blocks)
+            if not self.blocks:
+                self._start_blocks()
+            self._feed_blocks(content, out)
+        else:
+            self._feed_text(content, out)
         if calls:
             self._release_seam(out)
             for piece in calls:
                 self._feed_call(piece, out)
         kwargs = {k: v for k, v in message.additional_kwargs.items() if k not in _SKIPPED_KWARGS}
+        reasoning = kwargs.pop("reasoning", None) if self.blocks else None
+        item_ids = kwargs.pop(_CALL_ITEM_IDS, None) if self.blocks else None
+        if item_ids:  # released with their calls, never for a call that was cut off
+            self._item_ids.update(item_ids)
+        if reasoning is not None:
+            self._feed_reasoning(reasoning, out)
         if kwargs:
-            self._merge_kwargs(kwargs)
-            out.append(AIMessageChunk(content="", additional_kwargs=kwargs, id=self.message_id))
+            self._emit_kwargs(kwargs, out)
         usage = getattr(message, "usage_metadata", None)
         if usage:
             self.usage = add_usage(self.usage, usage)
@@ -272,6 +424,9 @@ class TurnAccumulator:
             self.terminal = True
         if self.terminal:
             self._release_seam(out)
+            if self._reasoning is not None:
+                self._complete_reasoning(out)
+            self._close_blocks(out)
             self._release_held(out)
             for index in sorted(self._open):
                 self._close_call(self._open.pop(index), out, interrupted=False)
@@ -324,7 +479,7 @@ class TurnAccumulator:
         """The last chunk: usage over all attempts, metadata, invalid calls."""
         metadata = {**self.response_metadata, "awaken": awaken}
         return AIMessageChunk(
-            content="",
+            content=self._empty(),
             id=self.message_id,
             usage_metadata=self.usage,
             response_metadata=metadata,
@@ -346,8 +501,10 @@ class TurnAccumulator:
         if awaken is not None:
             metadata["awaken"] = awaken
         return AIMessage(
-            content=self.text,
-            additional_kwargs=dict(self.additional_kwargs),
+            content=self._whole_content() if self.blocks else self.text,
+            additional_kwargs={
+                k: _unindexed_parts_of(v) for k, v in self.additional_kwargs.items()
+            },
             id=self.message_id,
             tool_calls=[tool_call(name=c.name, args=c.args, id=c.id) for c in self.completed],
             invalid_tool_calls=[
@@ -357,6 +514,10 @@ class TurnAccumulator:
             usage_metadata=self.usage,
             response_metadata=metadata,
         )
+
+    def _whole_content(self) -> list[Any]:
+        responses = self.response_metadata.get("object") == "response"
+        return [_whole(b, responses=responses) for b in self._content]
 
     # -- internals --------------------------------------------------------------------
 
@@ -398,23 +559,201 @@ class TurnAccumulator:
 
     def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:
         """Release ``text``, or hold it back while it could still be discarded."""
-        if self.hold_text or (not self._visible and not text.strip()):
-            self._held.append(text)
-            return
-        if self._held:
-            text = "".join(self._held) + text
-            self._held = []
-        self._visible = True
-        self._text_parts.append(text)
-        out.append(AIMessageChunk(content=text, id=self.message_id))
+        piece: Any = text
+        if self.blocks:
+            piece = {"type": "text", "text": text}
+            if self._text_index is not None:
+                piece["index"] = self._text_index
+        self._held.append(piece)
+        if not self.hold_text and (self._visible or text.strip()):
+            self._release_held(out)
+
+    def _feed_reasoning(self, piece: dict[str, Any], out: list[AIMessageChunk]) -> None:
+        """Take a piece of a ``v0`` reasoning item: released only whole, like a block."""
+        pending = self._reasoning
+        if pending is not None and piece.get("id") and piece.get("id") != pending.get("id"):
+            self._complete_reasoning(out)  # another item began
+            pending = None
+        self._reasoning = piece if pending is None else merge_dicts(pending, piece)
+        if "encrypted_content" in piece:  # the item's done event
+            self._complete_reasoning(out)
+
+    def _complete_reasoning(self, out: list[AIMessageChunk]) -> None:
+        item, self._reasoning = self._reasoning, None
+        if item is not None:
+            self._held_kwargs.append({"reasoning": item})
+            if not self.hold_text and self._visible:
+                self._release_held(out)
+
+    def _emit_kwargs(self, kwargs: dict[str, Any], out: list[AIMessageChunk]) -> None:
+        self.additional_kwargs = merge_dicts(self.additional_kwargs, kwargs)
+        out.append(
+            AIMessageChunk(
+                content=self._empty(),
+                additional_kwargs=kwargs,
+                id=self.message_id,
+                response_metadata=self._shape(),
+            )
+        )
 
     def _release_held(self, out: list[AIMessageChunk]) -> None:
-        if self._held:
-            text = "".join(self._held)
-            self._held = []
+        for kwargs in self._held_kwargs:
+            self._emit_kwargs(kwargs, out)
+        self._held_kwargs = []
+        if not self._held:
+            return
+        pieces, self._held = self._held, []
+        if not self.blocks:
+            text = "".join(pieces)
             self._visible = self._visible or bool(text.strip())
             self._text_parts.append(text)
             out.append(AIMessageChunk(content=text, id=self.message_id))
+            return
+        for piece in pieces:
+            if _is_text(piece):
+                text = str(piece.get("text", ""))
+                self._visible = self._visible or bool(text.strip())
+                self._text_parts.append(text)
+            else:
+                self.completed_blocks.append(
+                    CompletedBlock(block=_unindexed(piece), text_offset=len(self.text))
+                )
+        pieces = merge_lists([], pieces) or []  # pieces of one block become one
+        self._content = merge_lists(self._content, pieces) or []
+        out.append(
+            AIMessageChunk(content=pieces, id=self.message_id, response_metadata=self._shape())
+        )
+
+    def _start_blocks(self) -> None:
+        """The inner model streams content blocks (from the start, or after text)."""
+        self.blocks = True
+        if self.text:  # chunk addition keeps text that came as a string as a string
+            self._content = [self.text]
+        self._held = [{"type": "text", "text": p} if isinstance(p, str) else p for p in self._held]
+
+    def _shape(self) -> dict[str, Any]:
+        """The metadata a chunk of blocks needs to be read (``content_blocks``, v1 output).
+
+        LangChain translates a chunk's blocks by its ``model_provider`` and
+        ``output_version``; the inner model's chunks carry them, and so do ours.
+        """
+        metadata = self.response_metadata
+        shape = {k: metadata[k] for k in _SHAPE_KEYS if k in metadata}
+        if self.standard_blocks:
+            shape["output_version"] = "v1"
+        return shape
+
+    def _empty(self) -> str | list[Any]:
+        return [] if self.blocks else ""
+
+    def _feed_text(self, content: Any, out: list[AIMessageChunk]) -> None:
+        text = _text_of(content)
+        if text and self._seam is not None:
+            text = self._seam.feed(text)
+        if text:
+            self._emit_text(text, out)
+
+    def _feed_blocks(self, content: list[Any], out: list[AIMessageChunk]) -> None:
+        """Take a chunk's content blocks: text streams, other blocks are released whole."""
+        for block in content:
+            if isinstance(block, str):
+                self._feed_text(block, out)
+                continue
+            if not isinstance(block, dict):
+                continue
+            raw = block.get("index")
+            if raw is not None and raw not in self._block_map:
+                self._close_blocks(out)  # blocks arrive one after another
+            index = self._map_block(raw, text=_is_text(block))
+            piece = dict(block)
+            if raw is not None:
+                piece["index"] = index
+            if _is_text(piece):
+                self._text_index = index
+                if set(piece) - _TEXT_KEYS:  # citations, annotations, an id
+                    self._held.append({**piece, "text": ""})
+                    if not self.hold_text and self._visible:
+                        self._release_held(out)
+                self._feed_text(str(block.get("text") or ""), out)
+                continue
+            self._release_seam(out)
+            if raw is None:
+                self._complete_block(piece, out)
+                continue
+            pending = self._pending.get(index)
+            merged = piece if pending is None else (merge_lists([pending], [piece]) or [piece])[0]
+            self._pending[index] = merged
+            if _block_is_whole(merged):
+                self._complete_block(self._pending.pop(index), out)
+
+    def _map_block(self, raw: Any, *, text: bool) -> Any:
+        """The turn's index for a block index of this attempt."""
+        if raw is None:
+            return None
+        if raw in self._block_map:
+            return self._block_map[raw]
+        if text and self._continued is not None:
+            index = self._continued
+        elif not self._shift:
+            index = raw
+        elif isinstance(raw, int):
+            index = self._next_block
+        else:
+            index, n = raw, 1
+            while index in self._used:
+                index, n = f"{raw}_{n}", n + 1
+        self._continued = None
+        self._block_map[raw] = index
+        self._used.add(index)
+        if isinstance(index, int):
+            self._next_block = max(self._next_block, index + 1)
+        return index
+
+    def _close_blocks(self, out: list[AIMessageChunk]) -> None:
+        """Release the blocks still arriving: the turn ended or a later block began."""
+        for index in list(self._pending):
+            self._complete_block(self._pending.pop(index), out)
+
+    def _complete_block(self, block: dict[str, Any], out: list[AIMessageChunk]) -> None:
+        """Release a whole non-text block, or hold it with text that is held back."""
+        self._held.append(block)
+        if not self.hold_text and self._visible:
+            self._release_held(out)
+
+    @property
+    def block_in_flight(self) -> bool:
+        """Whether a content block that cannot be sent back yet was cut off."""
+        return bool(self._pending) or self._reasoning is not None
+
+    def content_prefix(self) -> list[Any]:
+        """The released content blocks, as a continuation's assistant message sends them."""
+        return [_unindexed(b) for b in self._content]
+
+    def replay(self) -> list[AIMessageChunk]:
+        """Chunks that deliver a resumed checkpoint's text and blocks, in their order."""
+        pieces: list[Any] = []
+        text, at = self._text, 0
+        for record in self.completed_blocks:
+            if record.text_offset > at:
+                pieces.append(text[at : record.text_offset])
+                at = record.text_offset
+            pieces.append(dict(record.block))
+        if at < len(text):
+            pieces.append(text[at:])
+        if not self.blocks:
+            return [AIMessageChunk(content=text, id=self.message_id)] if text else []
+        content: list[Any] = []
+        for i, piece in enumerate(pieces):
+            block = {"type": "text", "text": piece} if isinstance(piece, str) else piece
+            content.append({**block, "index": i})
+        self._content = list(content)
+        self._used = set(range(len(content)))
+        self._next_block = len(content)
+        if not content:
+            return []
+        return [
+            AIMessageChunk(content=content, id=self.message_id, response_metadata=self._shape())
+        ]
 
     def _release_seam(self, out: list[AIMessageChunk]) -> None:
         if self._seam is not None and self._seam.pending:
@@ -460,25 +799,30 @@ class TurnAccumulator:
         self.completed.append(
             CompletedToolCall(id=call.id or "", name=call.name, args=args, index=call.index)
         )
+        piece = tool_call_chunk(name=call.name, args=raw or "{}", id=call.id, index=call.index)
+        if call.id in self._item_ids:
+            self._emit_kwargs({_CALL_ITEM_IDS: {call.id: self._item_ids.pop(call.id)}}, out)
+        if self.blocks and not self.hold_text:
+            self._visible = True  # a whole call is usable: what came before it is kept
+            self._release_held(out)
+            for i in range(len(out) - 1, -1, -1):  # the call's own block travels with it
+                chunk = out[i]
+                if not chunk.tool_call_chunks and _carries_call(chunk.content, call.id):
+                    out[i] = AIMessageChunk(
+                        content=chunk.content,
+                        id=self.message_id,
+                        response_metadata=chunk.response_metadata,
+                        tool_call_chunks=[piece],
+                    )
+                    return
         out.append(
             AIMessageChunk(
-                content="",
+                content=self._empty(),
                 id=self.message_id,
-                tool_call_chunks=[
-                    tool_call_chunk(name=call.name, args=raw or "{}", id=call.id, index=call.index)
-                ],
+                response_metadata=self._shape() if self.blocks else {},
+                tool_call_chunks=[piece],
             )
         )
-
-    def _merge_kwargs(self, kwargs: dict[str, Any]) -> None:
-        """Merge pass-through fields the way chunk addition does (strings concatenate)."""
-        merged = self.additional_kwargs
-        for key, value in kwargs.items():
-            previous = merged.get(key)
-            if isinstance(previous, str) and isinstance(value, str):
-                merged[key] = previous + value
-            elif value is not None or key not in merged:
-                merged[key] = value
 
     def _merge_metadata(self, metadata: dict[str, Any] | None) -> None:
         if not metadata:

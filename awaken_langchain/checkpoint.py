@@ -19,9 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from awaken_langchain.errors import StreamCheckpointError
 
-SCHEMA_VERSION: Literal[2] = 2
+SCHEMA_VERSION: Literal[3] = 3
 """Version of the checkpoint JSON layout written by this release (version 1 records,
-which have no ``fingerprint`` or ``keep_for``, are still read)."""
+which have no ``fingerprint`` or ``keep_for``, and version 2 records, which have no
+content blocks, are still read)."""
 
 DEFAULT_MAX_CHECKPOINT_BYTES = 16 * 1024 * 1024
 """Default refusal threshold for one encoded checkpoint (16 MiB)."""
@@ -85,6 +86,17 @@ class NotExecutedToolCall(BaseModel):
     """Why the call is not executed, worded for the model."""
 
 
+class CompletedBlock(BaseModel):
+    """A whole content block of the turn other than text (thinking, reasoning, a tool use...)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    block: dict[str, Any]
+    """The block as the provider issued it (JSON: type, signature, encrypted content...)."""
+    text_offset: int = Field(default=0, ge=0)
+    """How many characters of ``partial_text`` came before the block."""
+
+
 class StreamCheckpoint(BaseModel):
     """One in-flight assistant turn, as far as it had arrived.
 
@@ -94,7 +106,7 @@ class StreamCheckpoint(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1, 2] = SCHEMA_VERSION
+    schema_version: Literal[1, 2, 3] = SCHEMA_VERSION
     """Layout version of this record; readers refuse versions they do not know."""
     run_id: str
     """The key of the turn: the caller's run id, or one derived from the thread and task.
@@ -119,6 +131,12 @@ class StreamCheckpoint(BaseModel):
     """The tool call still arriving when the checkpoint was written, if any."""
     invalid_tool_calls: tuple[NotExecutedToolCall, ...] = ()
     """Tool calls of the turn that will not be executed (cut off or malformed)."""
+    content_blocks: bool = False
+    """Whether the model streams content as a list of blocks (the answer's content is
+    a list, not a string)."""
+    completed_blocks: tuple[CompletedBlock, ...] = ()
+    """Whole content blocks other than text, in order, each with its place in the
+    text; a cut-off block is never recorded (it could not be sent back)."""
     complete: bool = False
     """Whether the turn has finished (a terminal signal arrived, or it was finished
     with its whole tool calls). A complete checkpoint holds the whole answer and is

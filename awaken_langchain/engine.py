@@ -53,6 +53,8 @@ class TurnSettings:
     keep_for: float | None = 3600.0
     """Horizon of a complete checkpoint kept until memory commits the turn."""
     resume_max_age: float | None = None
+    standard_blocks: bool = False
+    """The inner model shows LangChain's standard content blocks (``output_version="v1"``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class TurnRequest:
     """The answer must be one JSON document: never continued as text."""
     release_key: str | None = None
     """The kept checkpoint of the previous turn, which memory now holds."""
+    model: Any = None
+    """The chat model that answers (resolved from the call's config for a configurable one)."""
 
 
 @dataclass(slots=True)
@@ -116,7 +120,11 @@ class TurnEngine:
         self.request = request
         self.key = request.key
         self.messages = answer_invalid_tool_calls(request.messages)
-        self.acc = TurnAccumulator(f"lc_run--{request.run_id}", hold_text=request.one_document)
+        self.acc = TurnAccumulator(
+            f"lc_run--{request.run_id}",
+            hold_text=request.one_document,
+            standard_blocks=settings.standard_blocks,
+        )
         self.started = self.policy.clock()
         self.attempts = 0
         self.retries = 0
@@ -157,15 +165,14 @@ class TurnEngine:
             checkpoint.message_id or self.acc.message_id,
             checkpoint,
             hold_text=self.request.one_document,
+            standard_blocks=self.settings.standard_blocks,
         )
         self.resumed = True
-        out: list[AIMessageChunk] = []
-        if checkpoint.partial_text:
-            out.append(AIMessageChunk(content=checkpoint.partial_text, id=self.acc.message_id))
+        out = self.acc.replay()
         for call in checkpoint.completed_tool_calls:
             out.append(
                 AIMessageChunk(
-                    content="",
+                    content=[] if self.acc.blocks else "",
                     id=self.acc.message_id,
                     tool_call_chunks=[
                         tool_call_chunk(
@@ -236,7 +243,10 @@ class TurnEngine:
         self.acc.begin_attempt(continuing=self.continuing)
         if self.continuing:
             return continuation_messages(
-                self.messages, self.acc.text, self.settings.continuation_prompt
+                self.messages,
+                self.acc.text,
+                self.settings.continuation_prompt,
+                blocks=self.acc.content_prefix() if self.acc.blocks else None,
             )
         return list(self.messages)
 
@@ -264,7 +274,9 @@ class TurnEngine:
             return Step(chunks=held)
         text = self.acc.text
         plan = self._plan(
-            text=text, completed=len(self.acc.completed), in_flight=self.acc.in_flight is not None
+            text=text,
+            completed=len(self.acc.completed),
+            in_flight=self.acc.in_flight is not None or self.acc.block_in_flight,
         )
         phase = RetryPhase.BEFORE_OUTPUT if plan is Plan.RESTART else RetryPhase.AFTER_OUTPUT
         count = self.retries + 1 if phase is RetryPhase.BEFORE_OUTPUT else self.continuations + 1

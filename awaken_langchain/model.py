@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -205,8 +205,10 @@ class RecoveringChatModel(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    model: BaseChatModel
-    """The chat model whose turns are recovered."""
+    model: BaseChatModel | Runnable[Any, Any]
+    """The chat model whose turns are recovered: a chat model, or a configurable one
+    (``init_chat_model(configurable_fields=...)``), resolved per call from the
+    call's config."""
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     """Attempts before output, continuations after output, backoff and deadline."""
     store: StreamCheckpointStore | None = Field(default=None, exclude=True)
@@ -265,27 +267,74 @@ class RecoveringChatModel(BaseChatModel):
             return data
         return {k: v for k, v in data.items() if k in own} | {"model": with_settings(inner, extra)}
 
+    @model_validator(mode="after")
+    def _inner_output_version(self) -> RecoveringChatModel:
+        """Shape the answer's content as the inner model does (its ``output_version``)."""
+        if not isinstance(self.model, BaseChatModel) and not callable(
+            getattr(self.model, "_model", None)
+        ):
+            raise ValueError(
+                "RecoveringChatModel(model=...) takes a chat model or a configurable one "
+                f"(init_chat_model(configurable_fields=...)), not {type(self.model).__name__}"
+            )
+        if "output_version" not in self.model_fields_set:
+            self.output_version = getattr(self._inner(), "output_version", None)
+        return self
+
+    def _inner(self, config: RunnableConfig | None = None) -> BaseChatModel:
+        """The chat model that answers a call with ``config``.
+
+        Raises:
+            TypeError: If a configurable model resolves to something else (tools
+                bound on the configurable model: bind them on the wrapper).
+        """
+        model = self.model
+        if isinstance(model, BaseChatModel):
+            return model
+        resolved = getattr(model, "_model")(config)  # noqa: B009 - init_chat_model's resolver
+        if not isinstance(resolved, BaseChatModel):
+            raise TypeError(
+                f"the configurable model resolved to {type(resolved).__name__}, not a chat "
+                "model; bind tools and structured output on RecoveringChatModel instead"
+            )
+        return resolved
+
     # -- LangChain identity --------------------------------------------------------------
 
     @property
     def _llm_type(self) -> str:
-        return f"awaken-{self.model._llm_type}"
+        return f"awaken-{self._inner()._llm_type}"  # callbacks skip the wrapper's own runs by it
+
+    @property
+    def model_name(self) -> str | None:
+        """The inner model's name, where LangChain reads a model's name.
+
+        Agents choose how to ask for structured output by the model's name
+        (``model_name``, else ``model``): the wrapper's ``model`` is the inner
+        model itself, so the name is answered here.
+        """
+        name = self._inner()._get_ls_params().get("ls_model_name")
+        return str(name) if name else None
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        return self._inner().profile
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {
-            "inner": {"llm_type": self.model._llm_type, **self.model._identifying_params},
+            "inner": {"llm_type": self._inner()._llm_type, **self._inner()._identifying_params},
             "max_attempts": self.retry_policy.max_attempts,
             "max_continuations": self.retry_policy.max_continuations,
         }
 
     @override
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return self.model._get_ls_params(stop=stop, **kwargs)
+        return self._inner()._get_ls_params(stop=stop, **kwargs)
 
-    def _model_id(self) -> str:
-        params = self.model._get_ls_params()
-        return model_identifier(self.model._llm_type, params.get("ls_model_name"))
+    def _model_id(self, inner: BaseChatModel | None = None) -> str:
+        inner = inner or self._inner()
+        params = inner._get_ls_params()
+        return model_identifier(inner._llm_type, params.get("ls_model_name"))
 
     # -- public entry points: capture the run id and config ------------------------------
 
@@ -413,7 +462,7 @@ class RecoveringChatModel(BaseChatModel):
         """Bind tools the way the inner model does, keeping this wrapper in the chain."""
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
-        bound = self.model.bind_tools(tools, **kwargs)
+        bound = self._bindable().bind_tools(tools, **kwargs)
         return cast(Runnable[LanguageModelInput, AIMessage], self._rebind(bound))
 
     @override
@@ -421,11 +470,21 @@ class RecoveringChatModel(BaseChatModel):
         self, schema: Any, *, include_raw: bool = False, **kwargs: Any
     ) -> Runnable[LanguageModelInput, Any]:
         """Structured output as the inner model builds it, with this wrapper in the chain."""
-        runnable = self.model.with_structured_output(schema, include_raw=include_raw, **kwargs)
+        runnable = self._bindable().with_structured_output(
+            schema, include_raw=include_raw, **kwargs
+        )
         return cast(Runnable[LanguageModelInput, Any], self._rebind(runnable))
 
+    def _bindable(self) -> BaseChatModel:
+        if not isinstance(self.model, BaseChatModel):
+            raise NotImplementedError(
+                "tools and structured output need a concrete inner model: bind them on "
+                "init_chat_model(...) without configurable_fields, or on each configured model"
+            )
+        return self.model
+
     def _rebind(self, runnable: Any) -> Any:
-        replaced = replace_model(runnable, self.model, self)
+        replaced = replace_model(runnable, self._bindable(), self)
         if replaced is runnable and runnable is not self.model:
             raise NotImplementedError(
                 f"{type(self.model).__name__} returned a runnable in which the model could "
@@ -452,8 +511,9 @@ class RecoveringChatModel(BaseChatModel):
         is asked to stream its usage too, when it can.
         """
         ctx = _take_call_context(run_manager)
-        model_id = self._model_id()
-        settings = model_settings(self.model)
+        inner = self._inner(ctx.config)
+        model_id = self._model_id(inner)
+        settings = model_settings(inner)
         fingerprint = request_fingerprint(
             messages, stop=stop, kwargs=kwargs, model=model_id, settings=settings
         )
@@ -475,10 +535,11 @@ class RecoveringChatModel(BaseChatModel):
             messages=messages,
             fingerprint=fingerprint,
             stop=stop,
-            kwargs=self._usage_kwargs(kwargs) if whole else kwargs,
+            kwargs=self._usage_kwargs(inner, kwargs) if whole else kwargs,
             keep=ctx.in_graph_memory if keep is None else keep,
             one_document=one_document_request(kwargs, settings),
             release_key=release,
+            model=inner,
         )
         turn = TurnSettings(
             policy=self.retry_policy,
@@ -489,13 +550,19 @@ class RecoveringChatModel(BaseChatModel):
             every_seconds=self.checkpoint_every_seconds,
             keep_for=self.keep_max_age,
             resume_max_age=self.resume_max_age,
+            # a whole answer is translated once it is whole, as for the inner model
+            standard_blocks=not whole and getattr(inner, "output_version", None) == "v1",
         )
         reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
         return TurnEngine(turn, request), reporter
 
-    def _usage_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
-        if "stream_usage" in kwargs or not _streams_usage_on_request(type(self.model)):
+        if "stream_usage" in kwargs or not _streams_usage_on_request(type(inner)):
+            return kwargs
+        responses = getattr(inner, "_use_responses_api", None)
+        settings = {**kwargs, **(getattr(inner, "model_kwargs", None) or {})}
+        if callable(responses) and responses(settings):  # the Responses API always sends usage
             return kwargs
         return {**kwargs, "stream_usage": True}
 
@@ -628,14 +695,15 @@ class RecoveringChatModel(BaseChatModel):
     def _inner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
     ) -> Iterator[ChatGenerationChunk]:
-        inner, request = self.model, engine.request
+        request = engine.request
+        inner = cast(BaseChatModel, request.model)
         if inner.rate_limiter is not None:
             inner.rate_limiter.acquire(blocking=True)
         if type(inner)._stream is BaseChatModel._stream:
             result = inner._generate(messages, stop=request.stop, **request.kwargs)
             return iter([_whole_message_chunk(result.generations[0].message)])
         source = inner._stream(messages, stop=request.stop, **request.kwargs)
-        timeout = self._idle_timeout(request.kwargs)
+        timeout = self._idle_timeout(inner, request.kwargs)
         return iter(Pump(source, timeout)) if timeout is not None else source
 
     # -- the async driver (twin of the sync one) --------------------------------------------
@@ -775,7 +843,8 @@ class RecoveringChatModel(BaseChatModel):
     async def _ainner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
     ) -> AsyncIterator[ChatGenerationChunk]:
-        inner, request = self.model, engine.request
+        request = engine.request
+        inner = cast(BaseChatModel, request.model)
         if inner.rate_limiter is not None:
             await inner.rate_limiter.aacquire(blocking=True)
         cls = type(inner)
@@ -784,22 +853,22 @@ class RecoveringChatModel(BaseChatModel):
             yield _whole_message_chunk(result.generations[0].message)
             return
         source = inner._astream(messages, stop=request.stop, **request.kwargs)
-        async for item in with_idle_timeout(source, self._idle_timeout(request.kwargs)):
+        async for item in with_idle_timeout(source, self._idle_timeout(inner, request.kwargs)):
             yield item
 
     # -- helpers ----------------------------------------------------------------------------------
 
-    def _idle_timeout(self, kwargs: dict[str, Any]) -> float | None:
-        if self._is_reasoning(kwargs):
+    def _idle_timeout(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> float | None:
+        if self._is_reasoning(inner, kwargs):
             return self.reasoning_stream_idle_timeout
         return self.stream_idle_timeout
 
-    def _is_reasoning(self, kwargs: dict[str, Any]) -> bool:
+    def _is_reasoning(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> bool:
         if any(kwargs.get(k) for k in _REASONING_KWARGS):
             return True
-        if any(getattr(self.model, k, None) for k in _REASONING_KWARGS):
+        if any(getattr(inner, k, None) for k in _REASONING_KWARGS):
             return True
-        name = str(self.model._get_ls_params().get("ls_model_name") or "").lower()
+        name = str(inner._get_ls_params().get("ls_model_name") or "").lower()
         return any(
             name.startswith(marker) or f"-{marker}" in name or marker in name.split("-")
             for marker in _REASONING_MARKERS

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from enum import StrEnum
+from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
@@ -78,7 +79,11 @@ def choose_plan(*, text: str, completed_tool_calls: int, in_flight_tool_call: bo
 
 
 def continuation_messages(
-    messages: Sequence[BaseMessage], prefix: str, prompt: str = DEFAULT_CONTINUATION_PROMPT
+    messages: Sequence[BaseMessage],
+    prefix: str,
+    prompt: str = DEFAULT_CONTINUATION_PROMPT,
+    *,
+    blocks: Sequence[Any] | None = None,
 ) -> list[BaseMessage]:
     """Build the continuation request for a text prefix.
 
@@ -86,11 +91,38 @@ def continuation_messages(
     whitespace removed (providers reject an assistant turn ending in whitespace),
     then the continuation prompt as a user message, so the request never ends
     with an assistant message.
+
+    Args:
+        messages: The original request.
+        prefix: The turn's text so far.
+        prompt: The user message asking to continue.
+        blocks: For a model that streams content blocks, the turn's whole blocks
+            so far (thinking, reasoning, text...). They are sent as issued, in
+            order, so signed thinking stays first and unmodified; only the last
+            text block loses its trailing whitespace.
     """
-    stripped = prefix.rstrip()
-    if not stripped:
+    if not prefix.rstrip():
         return list(messages)
-    return [*messages, AIMessage(content=stripped), HumanMessage(content=prompt)]
+    if blocks is None:
+        return [*messages, AIMessage(content=prefix.rstrip()), HumanMessage(content=prompt)]
+    content = [dict(b) if isinstance(b, dict) else b for b in blocks]
+    last = max((i for i, b in enumerate(content) if _is_text_block(b)), default=None)
+    if last is not None:
+        block = content[last]
+        if isinstance(block, str):
+            content[last] = block.rstrip()
+        else:
+            block["text"] = str(block.get("text", "")).rstrip()
+    content = [b for b in content if not (_is_text_block(b) and not _text_in(b))]
+    return [*messages, AIMessage(content=content), HumanMessage(content=prompt)]
+
+
+def _is_text_block(block: Any) -> bool:
+    return isinstance(block, str) or (isinstance(block, dict) and block.get("type") == "text")
+
+
+def _text_in(block: Any) -> str:
+    return block if isinstance(block, str) else str(block.get("text", ""))
 
 
 def _not_executed_reasons(message: AIMessage) -> dict[str, str]:

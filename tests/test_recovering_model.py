@@ -365,12 +365,12 @@ async def test_cancelling_the_caller_is_not_reported_as_a_stall() -> None:
 
 def test_reasoning_models_get_the_longer_idle_timeout() -> None:
     model, _ = wrap([], stream_idle_timeout=1.0, reasoning_stream_idle_timeout=9.0)
-    assert model._idle_timeout({}) == 1.0
-    assert model._idle_timeout({"reasoning_effort": "high"}) == 9.0
+    assert model._idle_timeout(model._inner(), {}) == 1.0
+    assert model._idle_timeout(model._inner(), {"reasoning_effort": "high"}) == 9.0
     reasoning = RecoveringChatModel(
         model=ScriptedChatModel(model_name="o3-mini"), reasoning_stream_idle_timeout=9.0
     )
-    assert reasoning._idle_timeout({}) == 9.0
+    assert reasoning._idle_timeout(reasoning._inner(), {}) == 9.0
 
 
 # -- drop-in behaviour --------------------------------------------------------------------

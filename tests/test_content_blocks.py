@@ -1,0 +1,501 @@
+"""Content blocks other than text (Anthropic thinking, Responses reasoning items,
+citations, tool use) reach the caller unchanged, and a recovered turn keeps them.
+
+Real ChatAnthropic (extended thinking) and ChatOpenAI (Responses API) talk to
+the loopback provider, which rejects a request whose thinking blocks or
+reasoning items were modified, unsigned or made up. Each test runs sync and
+async through the ``drive`` fixture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from langchain.agents import create_agent
+from langchain_anthropic import ChatAnthropic
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel
+
+from awaken_langchain import (
+    InMemoryStreamCheckpointStore,
+    RecoveringChatModel,
+    RetryPolicy,
+    StreamCheckpoint,
+    StreamInterruptedError,
+)
+from awaken_langchain.testing import (
+    Fault,
+    LoopbackProvider,
+    Scenario,
+    ScriptedCitation,
+    ScriptedThinking,
+    ScriptedToolCall,
+    schema_responder,
+)
+from awaken_langchain.testing._wire import unseal
+from awaken_langchain.testing.server import RecordedRequest
+from tests.conftest import Drive
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def _no_wait(_seconds: float) -> None:
+    return None
+
+
+NO_WAIT = RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait)
+THINKING_ON = {"type": "enabled", "budget_tokens": 1024}
+TEXT = "Utrecht lies on the Vecht."
+THOUGHT = "Where is Utrecht? On the Vecht."
+CALL = ScriptedToolCall("get_temperature", {"city": "Utrecht"}, id="call_temp")
+THINK_AND_TEXT = Scenario(text=TEXT, thinking=[ScriptedThinking(THOUGHT)], chunk_size=8)
+THINK_AND_CALL = dataclasses.replace(THINK_AND_TEXT, tool_calls=[CALL])
+CITED = Scenario(
+    text=TEXT,
+    thinking=[ScriptedThinking(THOUGHT), ScriptedThinking("hidden", redacted=True)],
+    citations=[ScriptedCitation(0, 7, "https://example.com/utrecht", "Utrecht")],
+    tool_calls=[CALL],
+    chunk_size=8,
+)
+SURFACES = ["anthropic", "responses/v1", "v1", "v0"]
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[[], LoopbackProvider]]:
+    """Fresh loopback providers: each numbers its ids from 1, so two runs compare exactly."""
+    started: list[LoopbackProvider] = []
+
+    def start() -> LoopbackProvider:
+        provider = LoopbackProvider()
+        provider.start()
+        started.append(provider)
+        return provider
+
+    yield start
+    for provider in started:
+        provider.stop()
+
+
+def bare(surface: str, server: LoopbackProvider) -> BaseChatModel:
+    if surface == "anthropic":
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model="claude-sonnet-4-6",
+            base_url=server.base_url_anthropic,
+            api_key="x",
+            max_retries=0,
+            max_tokens=2048,
+            thinking=THINKING_ON,
+        )
+    return ChatOpenAI(
+        model="gpt-5-mini",
+        base_url=server.base_url_openai,
+        api_key="x",
+        max_retries=0,
+        use_responses_api=True,
+        output_version=surface,
+        include=["reasoning.encrypted_content"],
+    )
+
+
+def wrapped(surface: str, server: LoopbackProvider) -> RecoveringChatModel:
+    return RecoveringChatModel(model=bare(surface, server), retry_policy=NO_WAIT)
+
+
+def merged(chunks: list[AIMessageChunk]) -> AIMessageChunk:
+    total = chunks[0]
+    for chunk in chunks[1:]:
+        total = total + chunk
+    return total
+
+
+def what_a_user_reads(message: AIMessage, *, transport: bool = True) -> dict[str, Any]:
+    found: dict[str, Any] = {
+        "content": message.content,
+        "content_blocks": message.content_blocks,
+        "tool_calls": message.tool_calls,
+        "invalid_tool_calls": message.invalid_tool_calls,
+        "additional_kwargs": message.additional_kwargs,
+    }
+    if transport:
+        found["usage"] = message.usage_metadata
+        found["metadata"] = {k: v for k, v in message.response_metadata.items() if k != "awaken"}
+    return found
+
+
+def what_invoke_returns(message: AIMessage) -> dict[str, Any]:
+    """What a user reads, but the transport metadata of a streamed vs a JSON answer."""
+    found = what_a_user_reads(message, transport=False)
+    found["usage"] = message.usage_metadata
+    found["finish"] = message.response_metadata.get("stop_reason") or message.response_metadata.get(
+        "status"
+    )
+    return found
+
+
+_NUMBERED = re.compile(r"_loopback_\d+")
+
+
+def renumbered(value: Any) -> Any:
+    """``value`` with the loopback's request numbers taken out of ids and sealed content.
+
+    A recovered turn takes more requests than the uncut one; the loopback
+    numbers its ids (and seals reasoning with its item id) by request.
+    """
+    if isinstance(value, dict):
+        return {
+            k: renumbered(unseal(v) if k == "encrypted_content" and isinstance(v, str) else v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [renumbered(v) for v in value]
+    if isinstance(value, str):
+        return _NUMBERED.sub("_loopback_N", value)
+    return value
+
+
+def exact_continuation(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """The first request breaks with ``fault``; a continuation gets exactly the rest."""
+    numbers = itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if next(numbers) == 0:
+            return dataclasses.replace(answer, fault=fault)
+        prefix = ""
+        for message in request.messages:
+            if message.get("role") == "assistant":
+                content = message.get("content")
+                if isinstance(content, str):
+                    prefix = content
+                elif isinstance(content, list):
+                    prefix = "".join(
+                        str(b.get("text", ""))
+                        for b in content
+                        if isinstance(b, dict) and b.get("type") in ("text", "output_text")
+                    )
+        full = answer.full_text
+        if prefix and full.startswith(prefix):
+            return dataclasses.replace(answer, text=full[len(prefix) :], thinking=[], citations=[])
+        return answer
+
+    return respond
+
+
+def rejected(server: LoopbackProvider) -> list[str | None]:
+    return [r.rejected_by for r in server.requests if r.rejected_by is not None]
+
+
+# -- no fault: the wrapped message is the bare one ----------------------------------------
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+@pytest.mark.parametrize("scenario", [THINK_AND_TEXT, CITED], ids=["thinking", "cited-call"])
+async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
+    servers: Callable[[], LoopbackProvider], surface: str, scenario: Scenario, drive: Drive
+) -> None:
+    first, second = servers(), servers()
+    first.default = second.default = scenario
+    expected = what_a_user_reads(merged(await drive.stream(bare(surface, first), "q")))
+    found = what_a_user_reads(merged(await drive.stream(wrapped(surface, second), "q")))
+    if surface == "v0":  # standard blocks read the message id: see the README's limits
+        del expected["content_blocks"], found["content_blocks"]
+    assert found == expected
+    if surface == "v0":  # reasoning in additional_kwargs: see the README's limits
+        return
+    # invoke: the bare model answers in one JSON body, the wrapper streams; blocks are equal
+    expected = what_invoke_returns(await drive.invoke(bare(surface, first), "q"))
+    found = what_invoke_returns(await drive.invoke(wrapped(surface, second), "q"))
+    assert renumbered(found) == renumbered(expected)
+    assert not rejected(first)
+    assert not rejected(second)
+
+
+async def test_plain_chat_completions_text_stays_a_string(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    server = servers()
+    server.default = Scenario(text=TEXT)
+    model = ChatOpenAI(model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x")
+    message = merged(await drive.stream(RecoveringChatModel(model=model), "q"))
+    assert message.content == TEXT
+
+
+# -- a fault: the recovered message is the uncut one --------------------------------------
+
+ANTHROPIC_CUTS = {  # events: message_start, thinking (2-8), text (9-14), tool use (15-19), end
+    "before-output": Fault.drop_after_events(1),
+    "mid-thinking": Fault.drop_after_events(4),
+    "after-thinking": Fault.drop_after_events(8),
+    "mid-text": Fault.drop_after_events(11),
+    "mid-tool-arguments": Fault.drop_after_events(17),
+    "no-terminal-event": Fault.no_terminal_event(),
+}
+RESPONSES_CUTS = {  # events: created, reasoning (3-11), message (12-20), call (21-26), completed
+    "before-output": Fault.drop_after_events(2),
+    "mid-reasoning": Fault.drop_after_events(6),
+    "mid-text": Fault.drop_after_events(15),
+    "mid-tool-arguments": Fault.drop_after_events(23),
+    "no-terminal-event": Fault.no_terminal_event(),
+}
+CASES = [("anthropic", cut) for cut in ANTHROPIC_CUTS] + [
+    (surface, cut) for surface in ("responses/v1", "v1", "v0") for cut in RESPONSES_CUTS
+]
+
+
+def cut_fault(surface: str, cut: str) -> Fault:
+    return (ANTHROPIC_CUTS if surface == "anthropic" else RESPONSES_CUTS)[cut]
+
+
+def without_message_ids(value: Any) -> Any:
+    """A continued text's item id is the continuation's (see the README's limits)."""
+    if isinstance(value, list):
+        return [
+            {k: v for k, v in b.items() if not (k == "id" and str(v).startswith("msg_"))}
+            if isinstance(b, dict)
+            else b
+            for b in value
+        ]
+    return value
+
+
+@pytest.mark.parametrize(("surface", "cut"), CASES)
+async def test_a_recovered_turn_equals_the_uncut_one(
+    servers: Callable[[], LoopbackProvider], surface: str, cut: str, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = THINK_AND_CALL
+    uncut = what_a_user_reads(
+        merged(await drive.stream(bare(surface, uncut_server), "q")), transport=False
+    )
+    server.default = exact_continuation(THINK_AND_CALL, cut_fault(surface, cut))
+    chunks = await drive.stream(wrapped(surface, server), "q")
+    message = merged(chunks)
+    found = what_a_user_reads(message, transport=False)
+    for side in (uncut, found):
+        side["content"] = without_message_ids(side["content"])
+        side["content_blocks"] = without_message_ids(side["content_blocks"])
+        if surface == "v0":  # standard blocks read the message id: see the README's limits
+            del side["content_blocks"]
+    assert renumbered(found) == renumbered(uncut)
+    assert len(server.requests) == 2
+    assert not rejected(server)
+
+
+async def test_a_cut_inside_thinking_never_shows_the_unsigned_block(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    server = servers()
+    server.default = exact_continuation(THINK_AND_TEXT, Fault.drop_after_events(5))
+    chunks = await drive.stream(wrapped("anthropic", server), "q")
+    thinking = [
+        b
+        for c in chunks
+        if isinstance(c.content, list)
+        for b in c.content
+        if isinstance(b, dict) and b.get("type") == "thinking"
+    ]
+    assert len(thinking) == 1  # released once, whole
+    assert thinking[0]["thinking"] == THOUGHT
+    assert thinking[0]["signature"]
+    assert merged(chunks).response_metadata["awaken"]["plans"] == ["R4"]
+
+
+async def test_a_continuation_sends_the_signed_thinking_first_and_the_stripped_prefix(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    server = servers()
+    server.default = exact_continuation(THINK_AND_TEXT, Fault.drop_after_events(11))
+    await drive.stream(wrapped("anthropic", server), "q")
+    continuation = server.requests[1].body
+    assert isinstance(continuation, dict)
+    assistant = continuation["messages"][-2]
+    assert assistant["role"] == "assistant"
+    kinds = [b["type"] for b in assistant["content"]]
+    assert kinds == ["thinking", "text"]
+    assert assistant["content"][0]["thinking"] == THOUGHT
+    assert assistant["content"][1]["text"] == assistant["content"][1]["text"].rstrip()
+    assert not rejected(server)
+
+
+# -- an agent loop with thinking and tools -------------------------------------------------
+
+
+@tool
+def get_temperature(city: str) -> str:
+    """Temperature of a city."""
+    return f"It is 18 degrees in {city}."
+
+
+def agent_steps() -> list[Scenario]:
+    second = ScriptedToolCall("get_temperature", {"city": "Amsterdam"}, id="call_two")
+    return [
+        THINK_AND_CALL,
+        dataclasses.replace(THINK_AND_CALL, text="And Amsterdam.", tool_calls=[second]),
+        dataclasses.replace(THINK_AND_TEXT, text="Both are mild today."),
+    ]
+
+
+@pytest.mark.parametrize("fault", [None, Fault.drop_after_events(10)], ids=["uncut", "cut"])
+async def test_an_agent_loop_with_thinking_sends_every_step_as_anthropic_requires(
+    servers: Callable[[], LoopbackProvider], fault: Fault | None, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.enqueue(*agent_steps())
+    steps = agent_steps()
+    if fault is not None:  # the second step breaks mid-text and is continued
+        rest = dataclasses.replace(steps[1], text=steps[1].text[len("And Amst") :], thinking=[])
+        steps[1:2] = [dataclasses.replace(steps[1], fault=fault), rest]
+    server.enqueue(*steps)
+    inputs = {"messages": [("user", "Weather in Utrecht and Amsterdam?")]}
+    expected = await drive.invoke(
+        create_agent(bare("anthropic", uncut_server), [get_temperature]), inputs
+    )
+    found = await drive.invoke(
+        create_agent(wrapped("anthropic", server), [get_temperature]), inputs
+    )
+    assert [
+        what_a_user_reads(m, transport=False) for m in found["messages"] if isinstance(m, AIMessage)
+    ] == [
+        what_a_user_reads(m, transport=False)
+        for m in expected["messages"]
+        if isinstance(m, AIMessage)
+    ]
+    assert not rejected(server)
+    assert not rejected(uncut_server)
+    assert len(server.requests) == (3 if fault is None else 4)
+
+
+# -- identity: what agents read from a model ----------------------------------------------
+
+
+class Weather(BaseModel):
+    city: str
+    degrees: int
+
+
+def plain(provider: str, server: LoopbackProvider) -> BaseChatModel:
+    if provider == "anthropic":
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model="claude-sonnet-4-6",
+            base_url=server.base_url_anthropic,
+            api_key="x",
+            max_retries=0,
+        )
+    return ChatOpenAI(
+        model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
+    )
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_an_agent_with_a_response_format_reads_the_inner_models_identity(
+    servers: Callable[[], LoopbackProvider], provider: str, drive: Drive
+) -> None:
+    server = servers()
+    server.default = schema_responder()
+    inner = plain(provider, server)
+    wrapper = RecoveringChatModel(model=inner, retry_policy=NO_WAIT)
+    assert wrapper.profile == inner.profile
+    assert wrapper.model_name == inner._get_ls_params()["ls_model_name"]
+    assert wrapper._llm_type == f"awaken-{inner._llm_type}"  # callbacks skip wrapper runs by it
+    agent = create_agent(wrapper, tools=[get_temperature], response_format=Weather)
+    result = await drive.invoke(agent, {"messages": [("user", "Weather in Utrecht?")]})
+    assert isinstance(result["structured_response"], Weather)
+    assert not rejected(server)
+
+
+# -- checkpoints keep whole blocks ---------------------------------------------------------
+
+
+async def test_a_resumed_turn_replays_its_whole_blocks_and_finishes_uncut(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = THINK_AND_TEXT
+    uncut = what_a_user_reads(
+        await drive.invoke(bare("anthropic", uncut_server), "q"), transport=False
+    )
+    store = InMemoryStreamCheckpointStore()
+    first = RecoveringChatModel(
+        model=bare("anthropic", server),
+        retry_policy=RetryPolicy(max_continuations=0, max_attempts=1),
+        store=store,
+        checkpoint_key=lambda _config: "turn-1",
+        checkpoint_every_chunks=1,
+    )
+    server.enqueue(dataclasses.replace(THINK_AND_TEXT, fault=Fault.drop_after_events(11)))
+    with pytest.raises(StreamInterruptedError):  # the process gives up on the turn mid-text
+        await drive.invoke(first, "q")
+    saved = store.get("turn-1")
+    assert isinstance(saved, StreamCheckpoint)
+    assert saved.schema_version == 3
+    assert [(b.block["type"], b.text_offset) for b in saved.completed_blocks] == [("thinking", 0)]
+    assert saved.completed_blocks[0].block["signature"]
+    server.enqueue(
+        dataclasses.replace(THINK_AND_TEXT, text=TEXT[len(saved.partial_text) :], thinking=[])
+    )
+    second = first.model_copy(update={"retry_policy": NO_WAIT})
+    found = what_a_user_reads(await drive.invoke(second, "q"), transport=False)
+    assert found == uncut
+    assert not rejected(server)
+
+
+def test_version_1_and_2_checkpoints_still_load_without_blocks() -> None:
+    for version in (1, 2):
+        record = StreamCheckpoint.model_validate(
+            {"schema_version": version, "run_id": "old", "partial_text": "Hello"}
+        )
+        assert record.completed_blocks == ()
+        assert not record.content_blocks
+
+
+# -- plan R2: a whole call and a cut-off one ------------------------------------------------
+
+SECOND = ScriptedToolCall("get_temperature", {"city": "Amsterdam"}, id="call_two")
+TWO_CALLS = dataclasses.replace(THINK_AND_CALL, tool_calls=[CALL, SECOND])
+R2_CUTS = {"anthropic": 22, "responses/v1": 29, "v1": 29}  # inside the second call's arguments
+
+
+@pytest.mark.parametrize("surface", list(R2_CUTS))
+async def test_a_turn_cut_inside_its_second_call_ends_with_the_first_as_documented(
+    servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = TWO_CALLS
+    uncut = merged(await drive.stream(bare(surface, uncut_server), "q"))
+    server.default = dataclasses.replace(TWO_CALLS, fault=Fault.drop_after_events(R2_CUTS[surface]))
+    message = merged(await drive.stream(wrapped(surface, server), "q"))
+    assert message.response_metadata["awaken"]["plans"] == ["R2"]
+    assert message.tool_calls == uncut.tool_calls[:1]
+    assert [c["id"] for c in message.invalid_tool_calls] == ["call_two"]
+    assert renumbered(message.content) == renumbered(uncut.content[: len(message.content)])
+    assert len(message.content) == len(uncut.content) - 1  # the cut call's block is not shown
+    assert len(server.requests) == 1
+
+
+async def test_a_configurable_inner_model_is_resolved_from_each_calls_config(
+    servers: Callable[[], LoopbackProvider], drive: Drive
+) -> None:
+    from langchain.chat_models import init_chat_model
+
+    server = servers()
+    server.default = exact_continuation(Scenario(text=TEXT), Fault.drop_after_events(3))
+    configurable = init_chat_model(
+        "gpt-4o-mini",
+        model_provider="openai",
+        configurable_fields=("model", "base_url"),
+        api_key="x",
+        max_retries=0,
+    )
+    wrapper = RecoveringChatModel(model=configurable, retry_policy=NO_WAIT)
+    config = {"configurable": {"model": "gpt-4o", "base_url": server.base_url_openai}}
+    message = merged(await drive.stream(wrapper, "q", config=config))
+    assert message.content == TEXT
+    assert message.response_metadata["awaken"]["plans"] == ["R1"]
+    assert [r.body["model"] for r in server.requests] == ["gpt-4o", "gpt-4o"]
