@@ -419,10 +419,6 @@ async def test_recovered_answer_equals_the_uncut_answer_async(
     check(server, name, provider, cut, message, chunks)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the accumulator flattens Anthropic content blocks (text, tool_use) into one string",
-)
 @pytest.mark.parametrize("name", ["text+tool", "text+2-tools"])
 def test_uncut_anthropic_answer_keeps_its_content_blocks(
     server: LoopbackProvider, name: str
