@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import diskcache
 
-from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES
+from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, StreamCheckpoint
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DeltaCheckpointStore,
@@ -282,6 +283,41 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 if raw is not None:
                     found.append((run_id, raw if type(raw) is bytes else b""))
         return found
+
+    # -- group commit ---------------------------------------------------------------
+
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        """Store several runs' checkpoints in one SQLite transaction (group commit).
+
+        Each checkpoint is put as `put` would, its fencing check inside the
+        transaction. A checkpoint refused on its own (fenced, too large, an
+        unreadable record) is reported and the others are written; such refusals
+        happen before the refused checkpoint writes anything. A failure of the
+        database itself (a lock wait past ``timeout``, a full disk) rolls the
+        whole batch back and is reported for every checkpoint.
+
+        Returns:
+            For each checkpoint, in order, ``None`` or the error its put raised.
+        """
+        if not checkpoints:
+            return []
+        errors: list[StreamCheckpointError | None] = []
+        try:
+            with self._backend_errors("put", None), self._cache.transact():
+                for checkpoint in checkpoints:
+                    try:
+                        self.put(checkpoint)  # nested: joins the open transaction
+                    except StreamCheckpointError as exc:
+                        if isinstance(exc.cause, sqlite3.Error | OSError | diskcache.Timeout):
+                            raise  # the database failed: roll the batch back
+                        errors.append(exc)
+                    else:
+                        errors.append(None)
+        except StreamCheckpointError as exc:
+            return [exc] * len(checkpoints)
+        return errors
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]
