@@ -308,7 +308,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             with self._backend_errors("put", None), self._cache.transact():
                 for checkpoint in checkpoints:
                     try:
-                        self.put(checkpoint)  # nested: joins the open transaction
+                        # nested: joins the open transaction. The base put, not an
+                        # override's: an override of put must not hear "written"
+                        # before the batch commits (override put_many instead).
+                        DeltaCheckpointStore.put(self, checkpoint)
                     except StreamCheckpointError as exc:
                         if isinstance(exc.cause, sqlite3.Error | OSError | diskcache.Timeout):
                             raise  # the database failed: roll the batch back
