@@ -10,6 +10,7 @@ import argparse
 import time
 
 from benchmarks import (
+    capacity,
     checkpoint_growth,
     checkpoint_put,
     concurrency,
@@ -31,6 +32,8 @@ def main(quick: bool = False) -> None:
         recovery_latency.main(prefixes=(1_000, 10_000), repeats=3, processes=1)
         wasted_work.main(tokens=200, fractions=(0.5,), delay=0.0)
         concurrency.main(streams=16, processes=2, chars=128)
+        concurrency.paced(streams=16, processes=2, chars=120)
+        capacity.main(chars=60, start=8, limit=16)
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
     else:
@@ -40,6 +43,8 @@ def main(quick: bool = False) -> None:
         recovery_latency.main()
         wasted_work.main()
         concurrency.main()
+        concurrency.paced()
+        capacity.main()
         seam_accuracy.main()
         store_size.main()
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")

@@ -16,7 +16,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
@@ -34,6 +34,7 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamCheckpointStore,
 )
+from awaken_langchain.errors import StreamCheckpointError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -362,9 +363,16 @@ class TimedStore(StreamCheckpointStore):
         self.inner = inner
         self.clock = inner.clock
         self.put_seconds: list[float] = []
+        """How long each checkpoint took to land (a batch's time, for each of its checkpoints)."""
+        self.batches: list[int] = []
+        """Checkpoints per ``put_many`` call."""
+        self.on_commit: Callable[[Sequence[StreamCheckpoint], float], None] | None = None
+        """Called with the checkpoints a put or put_many wrote and ``time.perf_counter()``."""
         self.other_seconds = 0.0
         self.cpu_seconds = 0.0
         """CPU time of the calling thread inside the sync calls (the store's own work)."""
+        self.put_cpu_seconds = 0.0
+        """The part of ``cpu_seconds`` spent in ``put`` and ``put_many``."""
 
     @property
     def total_seconds(self) -> float:
@@ -384,8 +392,30 @@ class TimedStore(StreamCheckpointStore):
         try:
             self.inner.put(checkpoint)
         finally:
-            self.cpu_seconds += time.thread_time() - cpu
+            cpu = time.thread_time() - cpu
+            self.cpu_seconds += cpu
+            self.put_cpu_seconds += cpu
             self.put_seconds.append(time.perf_counter() - start)
+        if self.on_commit is not None:
+            self.on_commit([checkpoint], time.perf_counter())
+
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        start, cpu = time.perf_counter(), time.thread_time()
+        try:
+            errors = self.inner.put_many(checkpoints)
+        finally:
+            cpu = time.thread_time() - cpu
+            self.cpu_seconds += cpu
+            self.put_cpu_seconds += cpu
+            elapsed = time.perf_counter() - start
+            self.put_seconds.extend([elapsed] * len(checkpoints))
+            self.batches.append(len(checkpoints))
+        if self.on_commit is not None:
+            written = [c for c, e in zip(checkpoints, errors, strict=True) if e is None]
+            self.on_commit(written, time.perf_counter())
+        return errors
 
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
@@ -441,8 +471,95 @@ class TimedStore(StreamCheckpointStore):
             self.other_seconds += time.perf_counter() - start
 
 
+def diskcache_set_floor(directory: Path, sets: int = 2_000, size: int = 32) -> float:
+    """CPU seconds of one plain diskcache ``set`` of ``size`` bytes (its own transaction).
+
+    The floor a DiskCache checkpoint put is compared with: keys cycle over 256
+    runs, as the paced streams' checkpoints do.
+    """
+    import diskcache
+
+    cache = diskcache.Cache(str(directory), eviction_policy="none", statistics=False)
+    value = b"x" * size
+    try:
+        for i in range(256):  # the rows exist, as a run's head does after its first put
+            cache.set(b"k%d" % i, value)
+        cpu = time.thread_time()
+        for i in range(sets):
+            cache.set(b"k%d" % (i % 256), value)
+        return (time.thread_time() - cpu) / sets
+    finally:
+        cache.close()
+
+
 def child_env() -> dict[str, str]:
     """Environment for a child process that must import this checkout."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+# -- paced streams ----------------------------------------------------------------------
+
+
+class PacedModel(BaseChatModel):
+    """An async inner model that streams each request's answer on a clock, ``rate`` chunks/s.
+
+    Chunk ``i`` of a turn is due ``i / rate`` seconds after the request; the
+    model sleeps until then and yields it, and does nothing else (no provider
+    simulation in the measured CPU). The answer is ``answer_for(question,
+    chars)`` in chunks of ``chunk_chars`` characters, so concurrent turns have
+    distinct texts. For each question it records when every chunk was due and
+    when it was handed to the caller (``time.perf_counter()``).
+    """
+
+    chars: int = 1_200
+    """Length of every answer, in characters."""
+    chunk_chars: int = 4
+    """Characters per streamed chunk."""
+    rate: float = 30.0
+    """Chunks per second of each stream."""
+
+    _due: dict[str, list[float]] = PrivateAttr(default_factory=dict)
+    _sent: dict[str, list[float]] = PrivateAttr(default_factory=dict)
+
+    @property
+    def _llm_type(self) -> str:
+        return "paced"
+
+    @property
+    def due(self) -> dict[str, list[float]]:
+        """For each question, when each chunk was due."""
+        return self._due
+
+    @property
+    def sent(self) -> dict[str, list[float]]:
+        """For each question, when each chunk was handed to the caller."""
+        return self._sent
+
+    def _generate(self, messages: list[BaseMessage], *args: Any, **kwargs: Any) -> ChatResult:
+        raise NotImplementedError("PacedModel only streams")
+
+    async def _astream(
+        self, messages: list[BaseMessage], *args: Any, **kwargs: Any
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        question = str(messages[-1].content)
+        answer = answer_for(question, self.chars)
+        due = self._due.setdefault(question, [])
+        sent = self._sent.setdefault(question, [])
+        clock = time.perf_counter
+        start = clock()
+        step = 1.0 / self.rate
+        for n, i in enumerate(range(0, len(answer), self.chunk_chars)):
+            at = start + n * step
+            wait = at - clock()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            due.append(at)
+            sent.append(clock())
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(content=answer[i : i + self.chunk_chars])
+            )
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
+        )

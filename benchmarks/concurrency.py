@@ -14,7 +14,23 @@ for the thread-backed stores includes the hop to a worker thread), and the
 check: every turn completed with exactly its own text after one continuation,
 and no checkpoint was left behind.
 
-Run: ``python -m benchmarks.concurrency [--streams 256] [--processes 4] [--chars 1024]``
+Paced cases (:func:`paced`) stream as a provider does, on a clock: 256 async
+turns in one process at 30 chunks/s each (starts spread over one second), and
+4 processes x 64 such turns on one DiskCache directory and on one Redis server,
+next to the same turns on the bare inner model. The inner model only sleeps
+until each chunk is due. Per turn they measure:
+
+- store wait: what a checkpointing chunk spends in the writer's hand-over
+  (``submit`` and the health check) on the stream's path, p50/p99/max; and the
+  waits a turn makes at its start (claim) and its end (closing write), apart;
+- checkpoint lag: from the moment a chunk reached the wrapper to the return of
+  the store commit (``put_many`` or ``put``) of a checkpoint containing it;
+- lateness: how long after its due time the caller received each chunk;
+- CPU per chunk of the process (all threads, the writer's too);
+- the check: every turn delivered exactly its own text.
+
+Run: ``python -m benchmarks.concurrency [--streams 256] [--processes 4] [--chars 1024]
+[--paced-chars 1200] [--rate 30] [--only unpaced|paced]``
 """
 
 from __future__ import annotations
@@ -26,26 +42,35 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from awaken_langchain import RecoveringChatModel, RetryPolicy
+from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamCheckpoint
+from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter
 from benchmarks._common import (
     REPO_ROOT,
     ContinuingModel,
+    PacedModel,
     TimedStore,
     answer_for,
     child_env,
+    diskcache_set_floor,
     machine_line,
     make_store,
+    median,
     percentile,
     redis_server,
     table,
 )
+
+T = TypeVar("T")
 
 
 async def _no_wait(_seconds: float) -> None:
@@ -104,6 +129,299 @@ def _left(store_name: str, location: str) -> int:
 def child(store_name: str, location: str, streams: int, chars: int, tag: str) -> None:
     """One of several processes: run the turns and print the measurements as JSON."""
     print(json.dumps(asyncio.run(_turns(store_name, location, streams, chars, tag))))
+
+
+# -- paced turns -------------------------------------------------------------------------
+
+
+class TimedWriter(CheckpointWriter):
+    """A store's writer that times what a stream waits for on its own path.
+
+    A checkpointing chunk calls ``submit`` then ``problem`` (no await between):
+    their sum is that chunk's wait. ``await_`` is the wait of a turn's opening
+    (claim and read) and closing write.
+    """
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.chunk_waits: list[float] = []
+        self.turn_waits: list[float] = []
+        self._submitted = 0.0
+
+    def submit(self, checkpoint: StreamCheckpoint) -> None:
+        start = time.perf_counter()
+        super().submit(checkpoint)
+        self._submitted = time.perf_counter() - start
+
+    def problem(self, run_id: str, deadline: float) -> Any:
+        start = time.perf_counter()
+        try:
+            return super().problem(run_id, deadline)
+        finally:
+            self.chunk_waits.append(self._submitted + time.perf_counter() - start)
+            self._submitted = 0.0
+
+    async def await_(self, future: Future[T], deadline: float) -> T:
+        start = time.perf_counter()
+        try:
+            return await super().await_(future, deadline)
+        finally:
+            self.turn_waits.append(time.perf_counter() - start)
+
+
+def _landed() -> None:
+    """A no-op for the writer thread: its return means every earlier write landed."""
+
+
+async def _paced_turns(
+    store_name: str, location: str, streams: int, chars: int, rate: float, tag: str
+) -> dict[str, Any]:
+    """Run ``streams`` paced turns (``store_name`` "bare": no wrapper); return the samples."""
+    inner = PacedModel(chars=chars, rate=rate)
+    chunk_chars = inner.chunk_chars
+    store: TimedStore | None = None
+    writer: TimedWriter | None = None
+    model: Any = inner
+    questions: dict[str, str] = {}
+    covered: dict[str, int] = {}
+    lags: list[float] = []
+    if store_name != "bare":
+        url = location if store_name == "redis" else None
+        store = TimedStore(make_store(store_name, Path(location), url))
+        writer = TimedWriter(store)
+        store.__dict__[_ATTRIBUTE] = writer
+        model = RecoveringChatModel(model=inner, store=store)
+
+        def committed(checkpoints: Sequence[StreamCheckpoint], now: float) -> None:
+            for checkpoint in checkpoints:
+                question = questions.get(checkpoint.run_id)
+                if question is None:
+                    continue
+                sent = inner.sent[question]
+                upto = min(len(checkpoint.partial_text) // chunk_chars, len(sent))
+                for j in range(covered.get(question, 0), upto):
+                    lags.append(now - sent[j])
+                covered[question] = max(upto, covered.get(question, 0))
+
+        store.on_commit = committed
+
+    late: list[float] = []
+
+    async def turn(i: int) -> bool:
+        await asyncio.sleep(i / streams)  # arrivals spread over one second
+        question = f"{tag}{i}"
+        run_id = uuid.uuid4()
+        questions[str(run_id)] = question
+        parts = []
+        n = 0
+        async for chunk in model.astream(question, config={"run_id": run_id}):
+            if chunk.content:
+                late.append(time.perf_counter() - inner.due[question][n])
+                n += 1
+                parts.append(str(chunk.content))
+        return "".join(parts) == answer_for(question, chars)
+
+    cpu = time.process_time()
+    try:
+        results = await asyncio.gather(*(turn(i) for i in range(streams)))
+        cpu = time.process_time() - cpu
+        left = 0
+        if store is not None and writer is not None:
+            # a closing write the turn stopped waiting for is still queued: let it land
+            await CheckpointWriter.await_(writer, writer.call(_landed), 60.0)
+            left = len(store.list_run_ids())
+    finally:
+        if store is not None:
+            store.close()
+    return {
+        "turns": streams,
+        "ok": sum(results),
+        "left": left,
+        "chunks": len(late),
+        "cpu": cpu,
+        "late": late,
+        "lags": lags,
+        "chunk_waits": writer.chunk_waits if writer else [],
+        "turn_waits": writer.turn_waits if writer else [],
+        "batches": store.batches if store else [],
+        "puts": len(store.put_seconds) if store else 0,
+        "put_cpu": store.put_cpu_seconds if store else 0.0,
+        "set_floor": diskcache_set_floor(Path(location) / "floor")
+        if store_name == "diskcache"
+        else None,
+    }
+
+
+def paced_child(
+    store_name: str, location: str, streams: int, chars: int, rate: float, tag: str
+) -> None:
+    """One of several processes: run paced turns and print the samples as JSON."""
+    result = asyncio.run(_paced_turns(store_name, location, streams, chars, rate, tag))
+    print(json.dumps(result))
+
+
+@dataclass
+class PacedRow:
+    """One paced case."""
+
+    case: str
+    store: str
+    turns: int
+    ok: int
+    left: int
+    cpu_us_per_chunk: float
+    late_p99_ms: float
+    wait_p50_ms: float
+    wait_p99_ms: float
+    wait_max_ms: float
+    turn_wait_p99_ms: float
+    lag_p50_ms: float
+    lag_p99_ms: float
+    lagged_chunks: int
+    chunks: int
+    batch_mean: float
+    put_cpu_us: float
+    set_floor_us: float | None
+
+
+def _paced_row(case: str, store: str, results: list[dict[str, Any]]) -> PacedRow:
+    def merged(key: str) -> list[float]:
+        return [v for r in results for v in r[key]]
+
+    chunks = sum(r["chunks"] for r in results)
+    waits, turn_waits, lags = merged("chunk_waits"), merged("turn_waits"), merged("lags")
+    batches = merged("batches")
+    ms = 1e3
+    return PacedRow(
+        case,
+        store,
+        sum(r["turns"] for r in results),
+        sum(r["ok"] for r in results),
+        sum(r["left"] for r in results),
+        sum(r["cpu"] for r in results) / chunks * 1e6,
+        percentile(merged("late"), 0.99) * ms,
+        percentile(waits, 0.5) * ms,
+        percentile(waits, 0.99) * ms,
+        max(waits, default=float("nan")) * ms,
+        percentile(turn_waits, 0.99) * ms,
+        percentile(lags, 0.5) * ms,
+        percentile(lags, 0.99) * ms,
+        len(lags),
+        chunks,
+        sum(batches) / len(batches) if batches else float("nan"),
+        sum(r["put_cpu"] for r in results) / max(1, sum(r["puts"] for r in results)) * 1e6,
+        None
+        if results[0]["set_floor"] is None
+        else median([r["set_floor"] for r in results]) * 1e6,
+    )
+
+
+def _paced_processes(
+    store_name: str, location: str, processes: int, streams: int, chars: int, rate: float
+) -> list[dict[str, Any]]:
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from benchmarks.concurrency import paced_child\n"
+                f"paced_child({store_name!r}, {location!r}, {streams}, {chars}, {rate}, 'p{n}-')\n",
+            ],
+            cwd=REPO_ROOT,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(processes)
+    ]
+    results = []
+    for process in children:
+        out, _ = process.communicate(timeout=600)
+        if process.returncode != 0:
+            raise RuntimeError(f"a paced {store_name} worker process failed ({process.returncode})")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def paced(
+    streams: int = 256,
+    processes: int = 4,
+    chars: int = 1_200,
+    rate: float = 30.0,
+    stores: tuple[str, ...] = (),
+) -> list[PacedRow]:
+    """Run the paced cases (on ``stores``, default diskcache and Redis), print a table."""
+    per_process = max(1, streams // processes)
+    rows = []
+    with redis_server() as server, tempfile.TemporaryDirectory() as tmp:
+        names = [
+            name
+            for name in ["diskcache"] + (["redis"] if server else [])
+            if not stores or name in stores
+        ]
+        for name in ["bare", *names[:1]]:
+            location = f"{tmp}/one-{name}"
+            result = asyncio.run(_paced_turns(name, location, streams, chars, rate, "one-"))
+            rows.append(_paced_row(f"1 process x {streams}", name, [result]))
+        for name in ["bare", *names]:
+            location = server if name == "redis" and server else f"{tmp}/shared"
+            results = _paced_processes(name, location, processes, per_process, chars, rate)
+            row = _paced_row(f"{processes} processes x {per_process}", name, results)
+            if name != "bare":
+                row.left = _left(name, location)
+            rows.append(row)
+    print(
+        f"## Paced turns: {chars // 4} chunks of 4 characters at {rate:g} chunks/s each, "
+        f"checkpoints at the default cadence; {machine_line()}"
+    )
+    print(
+        table(
+            [
+                "case",
+                "store",
+                "own text",
+                "left",
+                "CPU us/chunk",
+                "late p99 ms",
+                "store wait p50/p99/max ms",
+                "open+close wait p99 ms",
+                "lag p50 ms",
+                "lag p99 ms",
+                "chunks in a checkpoint",
+                "batch",
+                "put CPU us",
+                "set floor us",
+                "put/set",
+            ],
+            [
+                (
+                    r.case,
+                    r.store,
+                    f"{r.ok}/{r.turns}",
+                    r.left,
+                    r.cpu_us_per_chunk,
+                    r.late_p99_ms,
+                    "-"
+                    if r.store == "bare"
+                    else f"{r.wait_p50_ms:.3f}/{r.wait_p99_ms:.3f}/{r.wait_max_ms:.1f}",
+                    None if r.store == "bare" else r.turn_wait_p99_ms,
+                    None if r.store == "bare" else r.lag_p50_ms,
+                    None if r.store == "bare" else r.lag_p99_ms,
+                    None if r.store == "bare" else f"{r.lagged_chunks}/{r.chunks}",
+                    None if r.store == "bare" else r.batch_mean,
+                    None if r.store == "bare" else r.put_cpu_us,
+                    r.set_floor_us,
+                    None if r.set_floor_us is None else f"{r.put_cpu_us / r.set_floor_us:.1f}x",
+                )
+                for r in rows
+            ],
+        )
+    )
+    print()
+    for r in rows:
+        if r.ok != r.turns or r.left:
+            raise RuntimeError(f"{r.case} on {r.store}: a turn lost its text or its checkpoint")
+    return rows
 
 
 @dataclass
@@ -232,5 +550,11 @@ if __name__ == "__main__":
     parser.add_argument("--processes", type=int, default=4, help="processes sharing one store")
     parser.add_argument("--chars", type=int, default=1_024, help="characters per answer")
     parser.add_argument("--stores", nargs="*", default=[], help="stores to measure (default: all)")
+    parser.add_argument("--paced-chars", type=int, default=1_200, help="characters per paced turn")
+    parser.add_argument("--rate", type=float, default=30.0, help="chunks/s of a paced stream")
+    parser.add_argument("--only", choices=["unpaced", "paced"], help="run one kind of case")
     args = parser.parse_args()
-    main(args.streams, args.processes, args.chars, tuple(args.stores))
+    if args.only != "paced":
+        main(args.streams, args.processes, args.chars, tuple(args.stores))
+    if args.only != "unpaced":
+        paced(args.streams, args.processes, args.paced_chars, args.rate, tuple(args.stores))

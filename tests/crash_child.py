@@ -180,6 +180,8 @@ def _reporting_store(
     report = channel.report
     base: Any = STORE_CLASSES[kind]
 
+    batching: list[bool] = []  # non-empty while put_many runs (on the writer thread)
+
     class ReportingStore(base):  # type: ignore[misc]
         def claim(self, run_id: str) -> int:
             epoch = int(super().claim(run_id))
@@ -195,7 +197,19 @@ def _reporting_store(
             if checkpoint.complete and block == "complete_put":
                 channel.block("complete_put")
             super().put(checkpoint)
-            report("put", **describe_checkpoint(checkpoint))
+            if not batching:  # a batch reports once it is committed
+                report("put", **describe_checkpoint(checkpoint))
+
+        def put_many(self, checkpoints: Any) -> Any:
+            batching.append(True)
+            try:
+                errors = super().put_many(checkpoints)
+            finally:
+                batching.pop()
+            for checkpoint, error in zip(checkpoints, errors, strict=True):
+                if error is None:  # reported once the batch is committed
+                    report("put", **describe_checkpoint(checkpoint))
+            return errors
 
         def delete(self, run_id: str, *, epoch: int | None = None) -> None:
             super().delete(run_id, epoch=epoch)

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from benchmarks import (
+    capacity,
     checkpoint_growth,
     concurrency,
     overhead,
@@ -108,6 +109,45 @@ def test_concurrency_benchmark_checks_every_turn_kept_its_own_text() -> None:
         assert row.ok == row.turns == 8
         assert row.left == 0
         assert row.puts > 0
+
+
+@pytest.mark.slow
+def test_paced_benchmark_measures_store_waits_and_checkpoint_lag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = concurrency.paced(streams=4, processes=2, chars=48, stores=("diskcache",))
+
+    assert [(r.case, r.store) for r in rows] == [
+        ("1 process x 4", "bare"),
+        ("1 process x 4", "diskcache"),
+        ("2 processes x 2", "bare"),
+        ("2 processes x 2", "diskcache"),
+    ]
+    for row in rows:
+        assert row.ok == row.turns == 4
+        assert row.left == 0
+        assert row.chunks == 4 * 12
+    for row in rows[1::2]:
+        assert row.wait_p50_ms >= 0
+        assert row.wait_max_ms >= row.wait_p99_ms
+        assert 0 < row.lagged_chunks <= row.chunks
+        assert row.lag_p50_ms > 0
+        assert row.set_floor_us is not None
+        assert row.set_floor_us > 0
+    assert "lag p99 ms" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_capacity_benchmark_compares_the_wrapper_with_the_bare_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = capacity.main(chars=24, start=2, limit=4)
+
+    assert [r.kind for r in rows] == ["bare", "diskcache"]
+    for row in rows:
+        assert row.trials >= 1
+        assert row.cpu_us_per_chunk > 0
+    assert "wrapped / bare" in capsys.readouterr().out
 
 
 def test_all_benchmarks_run_from_one_command() -> None:

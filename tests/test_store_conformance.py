@@ -316,6 +316,29 @@ def test_stale_writer_is_fenced_even_before_the_new_owner_writes(
     assert got.partial_text == "abc"
 
 
+def test_put_many_reports_a_fenced_checkpoint_in_order_and_writes_the_others(
+    store: StreamCheckpointStore,
+) -> None:
+    old = store.claim("run-2")
+    store.put(make_checkpoint("run-2", "kept", epoch=old))
+    store.claim("run-2")
+
+    errors = store.put_many(
+        [
+            make_checkpoint("run-1", "one"),
+            make_checkpoint("run-2", "kept, then stale", epoch=old),
+            make_checkpoint("run-3", "three"),
+        ]
+    )
+
+    assert errors[0] is None
+    assert errors[2] is None
+    assert isinstance(errors[1], StreamCheckpointFencedError)
+    assert errors[1].run_id == "run-2"
+    texts = [(c.partial_text if c else None) for c in map(store.get, ["run-1", "run-2", "run-3"])]
+    assert texts == ["one", "kept", "three"]
+
+
 def test_delete_with_a_stale_epoch_is_fenced(store: StreamCheckpointStore) -> None:
     old = store.claim("run-1")
     new = store.claim("run-1")

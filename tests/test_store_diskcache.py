@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import diskcache
 import pytest
 
 from awaken_langchain import DiskCacheStreamCheckpointStore, StreamCheckpoint, StreamCheckpointError
+from awaken_langchain.errors import StreamCheckpointFencedError
 from awaken_langchain.stores._base import run_id_bytes
 from tests.conftest import REPO_ROOT
 
@@ -207,3 +210,70 @@ def test_lock_held_too_long_names_the_timeout_setting(tmp_path: Path) -> None:
         finally:
             other._sql("ROLLBACK")
         assert store.claim("run-1") == 1
+
+
+def test_put_many_writes_every_checkpoint_but_the_refused_ones(tmp_path: Path) -> None:
+    with DiskCacheStreamCheckpointStore(tmp_path / "cache", max_checkpoint_bytes=4096) as store:
+        store.claim("fenced")
+        store.claim("fenced")  # a new owner: epoch 1 is stale
+        errors = store.put_many(
+            [
+                StreamCheckpoint(run_id="first", partial_text="one"),
+                StreamCheckpoint(run_id="fenced", partial_text="stale", epoch=1),
+                StreamCheckpoint(run_id="large", partial_text="x" * 8192),
+                StreamCheckpoint(run_id="last", partial_text="four"),
+            ]
+        )
+
+        assert [type(e) for e in errors] == [
+            type(None),
+            StreamCheckpointFencedError,
+            StreamCheckpointError,
+            type(None),
+        ]
+        assert errors[2] is not None
+        assert "max_checkpoint_bytes" in str(errors[2])
+        assert [store.get(r) for r in ("fenced", "large")] == [None, None]
+        first, last = store.get("first"), store.get("last")
+        assert first is not None
+        assert first.partial_text == "one"
+        assert last is not None
+        assert last.partial_text == "four"
+        assert store.put_many([]) == []
+
+
+def test_put_many_is_one_transaction_rolled_back_when_the_database_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
+        store.put(StreamCheckpoint(run_id="first", partial_text="before"))
+        replace = store._backend_replace
+
+        def failing(head: Any, text: bytes, epoch: int) -> Any:
+            if head.run_id == "broken":
+                raise sqlite3.OperationalError("database or disk is full")
+            return replace(head, text, epoch)
+
+        monkeypatch.setattr(store, "_backend_replace", failing)
+        errors = store.put_many(
+            [
+                StreamCheckpoint(run_id="first", partial_text="before and after"),
+                StreamCheckpoint(run_id="other", partial_text="new"),
+                StreamCheckpoint(run_id="broken", partial_text="fails"),
+            ]
+        )
+
+        assert len(errors) == 3
+        assert all(isinstance(e, StreamCheckpointError) for e in errors)
+        assert "disk is full" in str(errors[0])
+        first = store.get("first")
+        assert first is not None
+        assert first.partial_text == "before"
+        assert store.get("other") is None
+        monkeypatch.undo()
+        assert store.put_many([StreamCheckpoint(run_id="first", partial_text="before, again")]) == [
+            None
+        ]
+        again = store.get("first")
+        assert again is not None
+        assert again.partial_text == "before, again"

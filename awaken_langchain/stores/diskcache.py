@@ -7,13 +7,18 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import diskcache
 
-from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
+from awaken_langchain.checkpoint import (
+    DEFAULT_MAX_CHECKPOINT_BYTES,
+    StreamCheckpoint,
+    decode_json,
+    encode_json,
+)
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
@@ -508,6 +513,44 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         raise corrupted(
             run_id, "its key is pickled, which is never unpickled; remove the entry with delete"
         )
+
+    # -- group commit ---------------------------------------------------------------
+
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        """Store several runs' checkpoints in one SQLite transaction (group commit).
+
+        Each checkpoint is put as `put` would, its fencing check inside the
+        transaction. A checkpoint refused on its own (fenced, too large, an
+        unreadable record) is reported and the others are written; such refusals
+        happen before the refused checkpoint writes anything. A failure of the
+        database itself (a lock wait past ``timeout``, a full disk) rolls the
+        whole batch back and is reported for every checkpoint.
+
+        Returns:
+            For each checkpoint, in order, ``None`` or the error its put raised.
+        """
+        if not checkpoints:
+            return []
+        errors: list[StreamCheckpointError | None] = []
+        try:
+            with self._backend_errors("put", None), self._cache.transact():
+                for checkpoint in checkpoints:
+                    try:
+                        # nested: joins the open transaction. The base put, not an
+                        # override's: an override of put must not hear "written"
+                        # before the batch commits (override put_many instead).
+                        DeltaCheckpointStore.put(self, checkpoint)
+                    except StreamCheckpointError as exc:
+                        if isinstance(exc.cause, sqlite3.Error | OSError | diskcache.Timeout):
+                            raise  # the database failed: roll the batch back
+                        errors.append(exc)
+                    else:
+                        errors.append(None)
+        except StreamCheckpointError as exc:
+            return [exc] * len(checkpoints)
+        return errors
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]
