@@ -97,7 +97,9 @@ class CheckpointWriter:
     async def await_(self, future: Future[T], deadline: float) -> T:
         """The result of ``future`` (async), or `StoreStalledError` after ``deadline`` s."""
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), deadline)
+            # shielded: giving up the wait must not cancel the write itself, which
+            # still lands (in order) when the store answers
+            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), deadline)
         except TimeoutError:
             raise self._stalled(deadline) from None
 

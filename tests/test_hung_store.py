@@ -33,6 +33,7 @@ from langchain_core.messages import AIMessageChunk
 from awaken_langchain import (
     DiskCacheStreamCheckpointStore,
     FileStreamCheckpointStore,
+    InMemoryStreamCheckpointStore,
     RecoveringChatModel,
     RetryPolicy,
     StreamCheckpointStore,
@@ -40,6 +41,7 @@ from awaken_langchain import (
 from awaken_langchain.errors import StreamCheckpointWarning
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from awaken_langchain.testing import ScriptedChatModel, Stall, finish, text
+from awaken_langchain.writer import writer_for
 from tests.conftest import Drive
 from tests.redis_server import RedisServer, unique_prefix
 
@@ -438,3 +440,25 @@ async def test_a_stalled_stream_is_closed_as_soon_as_the_wrapper_gives_up_on_it(
         for thread in pump_threads():
             thread.join(timeout=1.0)
         assert pump_threads() == []
+
+
+async def test_a_closing_write_the_turn_gave_up_waiting_for_still_lands() -> None:
+    """An async turn that stops waiting for a slow store does not cancel its last write."""
+    release = threading.Event()
+
+    class Slow(InMemoryStreamCheckpointStore):
+        def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+            release.wait(5)
+            super().delete(run_id, epoch=epoch)
+
+    store = Slow()
+    inner = ScriptedChatModel(scripts=[[*text("x" * 64), finish()]])
+    model = RecoveringChatModel(model=inner, store=store, checkpoint_deadline=0.2)
+    run_id = uuid.uuid4()
+    answer = await model.ainvoke("q", config={"run_id": run_id})
+    assert answer.content == "x" * 64
+    assert store.get(str(run_id)) is not None  # the delete is still waiting for the store
+    release.set()
+    writer = writer_for(store)
+    await writer.await_(writer.call(lambda: None), 5.0)
+    assert store.get(str(run_id)) is None  # and then it landed
