@@ -1,0 +1,199 @@
+"""`StreamRecoveryMiddleware`: recovered model calls for LangChain v1 agents.
+
+``langchain.agents.create_agent(model, tools, middleware=[...])`` runs every
+model call through the middleware's ``wrap_model_call``. This middleware runs
+the call with the request's model, whichever it is at that point (the agent's
+model, a model given as a string, one chosen by ``ModelFallbackMiddleware`` or a
+router), wrapped in `RecoveringChatModel`: retries before output, continuation
+after partial output, whole tool calls only, and an optional checkpoint store.
+
+Where it goes in the list (the first middleware is the outermost layer):
+
+- **after** ``ModelFallbackMiddleware`` and anything else that picks the model,
+  so the model it picked is the one protected (a fallback's stream is recovered
+  too, and a primary whose budget is spent raises, so the fallback runs);
+- **after** ``AnthropicPromptCachingMiddleware``, which checks
+  ``isinstance(request.model, ChatAnthropic)``: it must still see the bare
+  model. Its ``cache_control`` setting and markers reach the inner model, on the
+  first request and on continuation requests;
+- **instead of** ``ModelRetryMiddleware``: stacking both multiplies the budgets
+  (each of its attempts would be a whole recovered turn).
+
+Example:
+    ```python
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import ModelFallbackMiddleware
+    from awaken_langchain import RetryPolicy
+    from awaken_langchain.middleware import StreamRecoveryMiddleware
+
+    agent = create_agent(
+        "openai:gpt-4o-mini",
+        tools=[...],
+        middleware=[
+            ModelFallbackMiddleware("anthropic:claude-sonnet-4-5"),
+            StreamRecoveryMiddleware(retry_policy=RetryPolicy(max_attempts=4)),
+        ],
+    )
+    ```
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from langchain.agents.middleware.types import (
+    AgentMiddleware,
+    AgentState,
+    ModelCallResult,
+    ModelRequest,
+    ModelResponse,
+)
+from langchain.agents.structured_output import AutoStrategy, ProviderStrategy, ToolStrategy
+from langchain_core.language_models import BaseChatModel
+
+from awaken_langchain.checkpoint import StreamCheckpointStore
+from awaken_langchain.model import RecoveringChatModel
+from awaken_langchain.retry import RetryPolicy
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["StreamRecoveryMiddleware"]
+
+_CACHE_SIZE = 64
+"""Wrappers kept per middleware: one per model object seen, least recently used out."""
+
+
+class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """Gives every model call of an agent `RecoveringChatModel`'s recovery.
+
+    Each call runs with ``request.model`` wrapped in a `RecoveringChatModel`
+    built from this middleware's settings. One wrapper is built per model object
+    and reused. A model that is already a `RecoveringChatModel` is used as it
+    is. When recovery gives up (`StreamInterruptedError`, or a permanent
+    provider error), the error propagates to the middleware around this one,
+    so ``ModelFallbackMiddleware`` placed before it falls back.
+
+    Args:
+        retry_policy: Attempts before output, continuations after output,
+            backoff, deadlines (`RetryPolicy`).
+        store: Where in-flight turns are checkpointed; ``None`` recovers
+            in-process only.
+        **settings: Other `RecoveringChatModel` settings
+            (``stream_idle_timeout``, ``checkpoint_every_chunks``,
+            ``continuation_prompt``, ...).
+
+    Raises:
+        ValueError: If a setting is not a `RecoveringChatModel` setting (inner
+            model settings belong on the model given to the agent).
+    """
+
+    def __init__(
+        self,
+        *,
+        retry_policy: RetryPolicy | None = None,
+        store: StreamCheckpointStore | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__()
+        own = set(RecoveringChatModel.model_fields) - {"model", "retry_policy", "store"}
+        unknown = sorted(set(settings) - own)
+        if unknown:
+            raise ValueError(
+                f"StreamRecoveryMiddleware does not know the setting(s) {unknown}; it takes "
+                f"retry_policy, store and {sorted(own)}. Model settings (temperature, "
+                "max_retries, ...) belong on the model given to create_agent"
+            )
+        self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
+        self.store = store
+        self.settings = settings
+        self.tools = []
+        self._wrappers: collections.OrderedDict[
+            int, tuple[weakref.ref[BaseChatModel], RecoveringChatModel]
+        ] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def wrapper_for(self, model: BaseChatModel) -> RecoveringChatModel:
+        """The `RecoveringChatModel` this middleware runs ``model`` in (built once per model)."""
+        if isinstance(model, RecoveringChatModel):
+            return model
+        with self._lock:
+            entry = self._wrappers.get(id(model))
+            if entry is not None and entry[0]() is model:
+                self._wrappers.move_to_end(id(model))
+                return entry[1]
+            wrapper = RecoveringChatModel(
+                model=model, retry_policy=self.retry_policy, store=self.store, **self.settings
+            )
+            self._wrappers[id(model)] = (weakref.ref(model), wrapper)
+            if len(self._wrappers) > _CACHE_SIZE:
+                self._wrappers.popitem(last=False)
+            return wrapper
+
+    def _protected(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
+        """``request`` with its model wrapped, deciding what the agent decides from the model.
+
+        ``create_agent`` picks the structured-output strategy and OpenAI's
+        ``strict`` flag by looking at ``request.model``; they are decided here
+        from the inner model, so the wrapped call sends what the bare one would.
+        """
+        inner = request.model
+        overrides: dict[str, Any] = {"model": self.wrapper_for(inner)}
+        response_format = request.response_format
+        if response_format is not None and not isinstance(
+            response_format, ToolStrategy | ProviderStrategy
+        ):
+            schema = (
+                response_format.schema
+                if isinstance(response_format, AutoStrategy)
+                else response_format
+            )
+            if _supports_provider_strategy(inner, request.tools):
+                response_format = ProviderStrategy(schema=schema)
+            else:
+                response_format = ToolStrategy(schema=schema)
+            overrides["response_format"] = response_format
+        if (
+            isinstance(response_format, ProviderStrategy)
+            and _is_openai_compatible(inner)
+            and not getattr(inner, "use_responses_api", False)
+            and "strict" not in request.model_settings
+        ):
+            overrides["model_settings"] = {**request.model_settings, "strict": True}
+        return request.override(**overrides)
+
+    def wrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], ModelResponse[Any]],
+    ) -> ModelCallResult[Any]:
+        """Run the model call with the request's model wrapped in `RecoveringChatModel`."""
+        return handler(self._protected(request))
+
+    async def awrap_model_call(
+        self,
+        request: ModelRequest[Any],
+        handler: Callable[[ModelRequest[Any]], Awaitable[ModelResponse[Any]]],
+    ) -> ModelCallResult[Any]:
+        """Run the model call with the request's model wrapped in `RecoveringChatModel`."""
+        return await handler(self._protected(request))
+
+
+def _supports_provider_strategy(model: BaseChatModel, tools: list[Any]) -> bool:
+    """Whether ``create_agent`` would use the provider's structured output for ``model``."""
+    from langchain.agents import factory
+
+    decide: Callable[..., bool] = factory._supports_provider_strategy
+    return decide(model, tools=tools)
+
+
+def _is_openai_compatible(model: BaseChatModel) -> bool:
+    """Whether ``create_agent`` adds ``strict=True`` for ``model`` (a ``BaseChatOpenAI``)."""
+    from langchain.agents import factory
+
+    decide: Callable[[BaseChatModel], bool] = factory._is_openai_compatible_model
+    return decide(model)
