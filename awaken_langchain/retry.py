@@ -14,7 +14,9 @@ asks (`RecoveringChatModel`'s turn engine) sleeps with ``sleep`` or awaits
 ``async_sleep`` itself, so a half-consumed generator is simply opened again.
 Both phases share the same classification (`classify_error`, or the
 ``classifier`` hook), the same backoff and the same optional overall
-``deadline``. Cancellation is never retried: it always propagates.
+``deadline``. An overloaded or rate-limited provider is retried past the
+attempt count until ``overload_deadline`` (five minutes by default), since
+overload windows last minutes, not seconds. Cancellation is never retried: it always propagates.
 
 Example:
     ```python
@@ -170,6 +172,15 @@ class RetryPolicy:
         deadline: Seconds from the start of the turn after which no retry or
             continuation is started (``None``: no deadline). A retry whose wait
             would end past the deadline is not started either.
+        overload_deadline: For an overloaded or rate-limited provider
+            (`ErrorKind.OVERLOADED`, `ErrorKind.RATE_LIMITED`), keep retrying
+            past ``max_attempts`` (before output) or ``max_continuations``
+            (after output) until this many seconds since the start of the turn:
+            overload windows last minutes. Each wait is the usual backoff (at
+            most ``max_delay``) or the provider's hint (at most
+            ``max_retry_after``); a retry whose wait would end past this time is
+            not started. ``deadline``, when set, still wins. ``None`` stops at
+            the attempt count for every error.
         retry_on: Makes exceptions that classification does not recognise
             (`ErrorKind.UNKNOWN`) retryable: a predicate, an exception type or a
             tuple of them. Never makes a permanent error or a cancellation
@@ -194,6 +205,7 @@ class RetryPolicy:
     overloaded_initial_delay: float = 2.0
     max_retry_after: float = 60.0
     deadline: float | None = None
+    overload_deadline: float | None = 300.0
     retry_on: RetryOn | None = None
     classifier: ErrorClassifier | None = None
     sleep: Sleep = time.sleep
@@ -225,12 +237,15 @@ class RetryPolicy:
                     f"RetryPolicy({name}={getattr(self, name)!r}) exceeds "
                     f"max_delay={self.max_delay!r}; raise max_delay or lower {name}"
                 )
-        if self.deadline is not None:
-            _check_number("deadline", self.deadline)
-            if self.deadline <= 0:
+        for name in ("deadline", "overload_deadline"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _check_number(name, value)
+            if value <= 0:
                 raise ValueError(
-                    f"RetryPolicy(deadline={self.deadline!r}): the deadline must be a positive "
-                    "number of seconds, or None for no deadline"
+                    f"RetryPolicy({name}={value!r}): must be a positive number of seconds, "
+                    "or None for no such deadline"
                 )
         _check_retry_on(self.retry_on)
         for name in ("classifier", "sleep", "async_sleep", "clock", "wall_clock", "random"):
@@ -364,12 +379,13 @@ class RetryPolicy:
                 + (" (RetryPolicy.retry_on can allow unknown errors)" if _unknown(info) else ""),
             )
         budget = self.budget(phase)
-        if attempt > budget:
-            setting = (
-                f"RetryPolicy.max_attempts={self.max_attempts}"
-                if phase is RetryPhase.BEFORE_OUTPUT
-                else f"RetryPolicy.max_continuations={self.max_continuations}"
-            )
+        overload_deadline = self.overload_deadline if info.kind in _OVERLOAD_KINDS else None
+        setting = (
+            f"RetryPolicy.max_attempts={self.max_attempts}"
+            if phase is RetryPhase.BEFORE_OUTPUT
+            else f"RetryPolicy.max_continuations={self.max_continuations}"
+        )
+        if attempt > budget and overload_deadline is None:
             return RetryDecision(
                 retry=False,
                 delay=0.0,
@@ -377,6 +393,21 @@ class RetryPolicy:
                 reason=f"budget exhausted after {attempt} {phase.value} failures ({setting})",
             )
         delay = self.delay_for(info, attempt)
+        if (
+            attempt > budget
+            and overload_deadline is not None
+            and elapsed + delay > overload_deadline
+        ):
+            return RetryDecision(
+                retry=False,
+                delay=0.0,
+                error=info,
+                reason=(
+                    f"{info.kind.value} past {setting}, and a retry in {delay:.3g} s at "
+                    f"{elapsed:.3g} s would pass "
+                    f"RetryPolicy.overload_deadline={overload_deadline!r}"
+                ),
+            )
         if self.past_deadline(elapsed, delay):
             return RetryDecision(
                 retry=False,
@@ -391,8 +422,17 @@ class RetryPolicy:
             retry=True,
             delay=delay,
             error=info,
-            reason=f"{info.kind.value}: retry {attempt} of {budget} in {delay:.3g} s",
+            reason=(
+                f"{info.kind.value}: retry {attempt} of {budget} in {delay:.3g} s"
+                if attempt <= budget
+                else f"{info.kind.value}: retry {attempt} in {delay:.3g} s, within "
+                f"RetryPolicy.overload_deadline={self.overload_deadline!r} at {elapsed:.3g} s"
+            ),
         )
+
+
+_OVERLOAD_KINDS = frozenset({ErrorKind.OVERLOADED, ErrorKind.RATE_LIMITED})
+"""Failures that ``overload_deadline`` retries past the attempt count."""
 
 
 def _unknown(info: ErrorInfo) -> bool:

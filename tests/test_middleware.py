@@ -61,6 +61,10 @@ async def _no_wait(_seconds: float) -> None:
 
 
 NO_WAIT = RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait)
+QUICK_TO_GIVE_UP = RetryPolicy(
+    max_attempts=2, overload_deadline=None, sleep=lambda _s: None, async_sleep=_no_wait
+)
+"""Spent after two overloaded answers (the default keeps retrying overload for minutes)."""
 
 
 def answered_a_tool(request: RecordedRequest) -> bool:
@@ -226,7 +230,20 @@ async def test_agent_thread_holds_the_uncut_turns_and_the_tool_runs_once(
     )
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
+@pytest.mark.parametrize(
+    "provider",
+    [
+        "openai",
+        pytest.param(
+            "anthropic",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="with tools bound, RecoveringChatModel(ChatAnthropic).invoke returns a "
+                "text-only answer as a list of text blocks; the bare model returns a string",
+            ),
+        ),
+    ],
+)
 @ASYNC
 async def test_without_a_fault_the_agent_thread_equals_the_bare_agent_thread(
     server: LoopbackProvider, provider: str
@@ -240,7 +257,7 @@ async def test_without_a_fault_the_agent_thread_equals_the_bare_agent_thread(
     thread, _ = await run_agent(protected, "invoke")
     assert [type(m) for m in thread] == [type(m) for m in bare_thread]
     for ours, theirs in zip(thread, bare_thread, strict=True):
-        assert ours.text == theirs.text
+        assert ours.content == theirs.content
         assert getattr(ours, "tool_calls", None) == getattr(theirs, "tool_calls", None)
     assert len(server.requests) == 4
     bodies = [r.body for r in server.requests]
@@ -298,11 +315,7 @@ async def test_a_spent_primary_falls_back_and_the_fallback_stream_is_recovered(
         bare("openai", server),
         middleware=[
             ModelFallbackMiddleware(bare("anthropic", server)),
-            StreamRecoveryMiddleware(
-                retry_policy=RetryPolicy(
-                    max_attempts=2, sleep=lambda _s: None, async_sleep=_no_wait
-                )
-            ),
+            StreamRecoveryMiddleware(retry_policy=QUICK_TO_GIVE_UP),
         ],
     )
     thread, _ = await run_agent(agent, mode, "Weather?")
@@ -440,11 +453,13 @@ def test_with_model_call_limit_a_recovered_call_counts_once(server: LoopbackProv
 
 
 def test_a_pre_wrapped_model_is_not_wrapped_again(server: LoopbackProvider) -> None:
-    server.enqueue(*[Scenario(fault=Fault.overloaded())] * 3)
-    wrapped = RecoveringChatModel(model=bare("openai", server), retry_policy=NO_WAIT)
+    server.enqueue(*[Scenario(fault=Fault.overloaded())] * 2)
+    wrapped = RecoveringChatModel(model=bare("openai", server), retry_policy=QUICK_TO_GIVE_UP)
     agent = create_agent(
-        wrapped, Weather().tools, middleware=[StreamRecoveryMiddleware(retry_policy=NO_WAIT)]
+        wrapped,
+        Weather().tools,
+        middleware=[StreamRecoveryMiddleware(retry_policy=QUICK_TO_GIVE_UP)],
     )
     with pytest.raises(StreamInterruptedError):
         agent.invoke({"messages": [HumanMessage("Weather in Paris?")]})
-    assert len(server.requests) == 3  # one budget of three attempts, not three times three
+    assert len(server.requests) == 2  # one budget of two attempts, not two times two

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import email.utils
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -102,12 +103,13 @@ def retry_before_output(retry_policy: RetryPolicy, attempt: Callable[[], Any]) -
 
 def test_defaults_match_the_documented_policy() -> None:
     p = RetryPolicy()
-    assert (p.max_attempts, p.max_continuations, p.max_retry_after, p.deadline) == (
-        3,
-        3,
-        60.0,
-        None,
-    )
+    assert (
+        p.max_attempts,
+        p.max_continuations,
+        p.max_retry_after,
+        p.deadline,
+        p.overload_deadline,
+    ) == (3, 3, 60.0, None, 300.0)
     assert p.overloaded_initial_delay > p.initial_delay
 
 
@@ -122,6 +124,8 @@ def test_defaults_match_the_documented_policy() -> None:
         ({"max_retry_after": float("inf")}, ValueError, "max_retry_after"),
         ({"initial_delay": 10.0}, ValueError, "max_delay"),
         ({"deadline": 0}, ValueError, "deadline"),
+        ({"overload_deadline": -5}, ValueError, "overload_deadline"),
+        ({"overload_deadline": "5m"}, TypeError, "overload_deadline"),
         ({"retry_on": 3}, TypeError, "retry_on"),
         ({"retry_on": (ValueError, "x")}, TypeError, "retry_on"),
         ({"sleep": "zzz"}, TypeError, "sleep"),
@@ -242,7 +246,7 @@ async def test_retryable_failures_are_retried_until_max_attempts_then_the_last_i
     drive: Drive,
 ) -> None:
     fake = FakeTime()
-    failures = [status_error(500), status_error(502), status_error(503)]
+    failures = [status_error(500), status_error(502), status_error(504)]
     model, inner = wrap(policy(fake), *([failure] for failure in failures), ANSWER)
     with pytest.raises(StreamInterruptedError, match="max_attempts=3") as raised:
         await drive.invoke(model, "hi")
@@ -509,3 +513,89 @@ def test_permanent_and_cancelled_failures_are_never_continued() -> None:
         decision = p.should_retry(exc, attempt=1, elapsed=0, phase=RetryPhase.AFTER_OUTPUT)
         assert (decision.retry, decision.delay) == (False, 0.0)
         assert "not retryable" in decision.reason
+
+
+# --- overload windows: a time budget past the attempt count -----------------------------
+
+
+async def test_an_overloaded_provider_is_retried_past_max_attempts_within_overload_deadline(
+    drive: Drive,
+) -> None:
+    fake = FakeTime()
+    overloaded = [[status_error(529)] for _ in range(20)]
+    model, inner = wrap(policy(fake), *overloaded, ANSWER)
+    message = await drive.invoke(model, "hi")
+    assert message.text == "All good."
+    assert len(inner.calls) == 21
+    assert fake.sleeps == [2.0, 4.0, *[8.0] * 18]  # backoff still capped at max_delay
+    assert message.response_metadata["awaken"]["retries"] == 20
+
+
+async def test_overload_deadline_stops_a_retry_whose_wait_would_pass_it(drive: Drive) -> None:
+    fake = FakeTime()
+    failures = [status_error(529) for _ in range(30)]
+    model, inner = wrap(policy(fake, overload_deadline=30.0), *([f] for f in failures))
+    with pytest.raises(StreamInterruptedError, match=re.escape("overload_deadline=30.0")) as raised:
+        await drive.invoke(model, "hi")
+    assert fake.sleeps == [2.0, 4.0, 8.0, 8.0, 8.0]  # 30 s: a sixth wait of 8 s would pass it
+    assert len(inner.calls) == 6
+    assert raised.value.cause is failures[5]
+
+
+async def test_a_rate_limit_hint_past_max_attempts_is_still_capped_by_max_retry_after(
+    drive: Drive,
+) -> None:
+    fake = FakeTime()
+    limited = [status_error(429, {"retry-after": "3600"}) for _ in range(10)]
+    model, inner = wrap(policy(fake), *([f] for f in limited))
+    with pytest.raises(StreamInterruptedError, match="overload_deadline"):
+        await drive.invoke(model, "hi")
+    assert fake.sleeps == [60.0] * 5  # the sixth wait would end past 300 s
+    assert len(inner.calls) == 6
+
+
+async def test_deadline_wins_over_overload_deadline(drive: Drive) -> None:
+    fake = FakeTime()
+    failures = [[status_error(529)] for _ in range(10)]
+    model, inner = wrap(policy(fake, deadline=10.0), *failures)
+    with pytest.raises(StreamInterruptedError, match=re.escape("RetryPolicy.deadline=10.0")):
+        await drive.invoke(model, "hi")
+    assert fake.sleeps == [2.0, 4.0]
+    assert len(inner.calls) == 3
+
+
+async def test_overload_deadline_none_stops_overload_at_max_attempts(drive: Drive) -> None:
+    fake = FakeTime()
+    failures = [[status_error(529)] for _ in range(5)]
+    model, inner = wrap(policy(fake, overload_deadline=None), *failures)
+    with pytest.raises(StreamInterruptedError, match="max_attempts=3"):
+        await drive.invoke(model, "hi")
+    assert len(inner.calls) == 3
+
+
+async def test_overload_after_output_is_continued_past_max_continuations(drive: Drive) -> None:
+    fake = FakeTime()
+    overloaded_event = status_error(
+        200, body={"type": "error", "error": {"type": "overloaded_error"}}
+    )
+    pieces = ["One", " two", " three", " four", " five"]
+    scripts = [[*text(piece), overloaded_event] for piece in pieces]
+    model, inner = wrap(policy(fake, max_continuations=2), *scripts, [*text(" six."), finish()])
+    message = await drive.invoke(model, "count")
+    assert message.text == "One two three four five six."
+    assert len(inner.calls) == 6
+    assert message.response_metadata["awaken"]["continuations"] == 5
+
+
+def test_other_retryable_errors_stop_at_the_attempt_count_despite_overload_deadline() -> None:
+    p = RetryPolicy(jitter=0.0)
+    decision = p.should_retry(
+        status_error(500), attempt=3, elapsed=0.0, phase=RetryPhase.BEFORE_OUTPUT
+    )
+    assert not decision.retry
+    assert "max_attempts=3" in decision.reason
+    overloaded = p.should_retry(
+        status_error(529), attempt=3, elapsed=0.0, phase=RetryPhase.BEFORE_OUTPUT
+    )
+    assert overloaded.retry
+    assert "overload_deadline=300.0" in overloaded.reason
