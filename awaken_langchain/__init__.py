@@ -2,7 +2,13 @@
 
 Retry before output, continue after partial output, checkpoint the in-flight
 turn, gate tool calls on complete JSON, and hand only complete turns to memory.
+
+Recovery events are logged under the ``awaken_langchain`` logger (one child
+logger per module), which has a `logging.NullHandler`: configure logging to see
+them.
 """
+
+import logging
 
 from awaken_langchain.callbacks import AsyncStreamCheckpointHandler, StreamCheckpointHandler
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
@@ -25,6 +31,8 @@ from awaken_langchain.stores import (
 )
 
 __version__ = "0.1.0"
+
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "AsyncStreamCheckpointHandler",

@@ -5,6 +5,12 @@ warning) is reported the same way, whoever makes it (the wrapper, the callback
 handler, the history helpers): a log record under ``awaken_langchain``, a
 LangChain custom event (seen by callback handlers and ``astream_events``) when
 the call has callbacks, and, for warnings, a `StreamCheckpointWarning`.
+
+Log records carry the event as structured fields (``extra``), for JSON log
+formatters and log pipelines: ``awaken_event`` (the event name),
+``awaken_run_id`` (when known), and every payload field under its name
+prefixed with ``awaken_`` (``awaken_key``, ``awaken_plan``, ``awaken_attempt``,
+``awaken_delay``, ``awaken_cause``, ...).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from langchain_core.callbacks import (
 
 from awaken_langchain.errors import StreamCheckpointWarning
 
-logger = logging.getLogger("awaken_langchain")
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "AwakenMetadata",
@@ -113,20 +119,28 @@ class Report:
     message: str = ""
     """A human sentence for the log (and the warning); the payload is logged when empty."""
 
-    def log(self) -> None:
-        """Write the log record (and, for a warning, the Python warning)."""
+    def log(self, run_id: uuid.UUID | None = None) -> None:
+        """Write the log record (and, for a warning, the Python warning).
+
+        Args:
+            run_id: The run the event belongs to, logged as ``awaken_run_id``.
+        """
+        extra = self.log_fields(run_id)
         if self.event.is_warning:
             text = self.message or f"{self.event.value} {self.data}"
-            logger.warning("%s", text, extra={"awaken_event": self.event.value})
+            logger.warning("%s", text, extra=extra)
             if self.event is RecoveryEvent.CHECKPOINT_WARNING:
                 warnings.warn(text, StreamCheckpointWarning, stacklevel=4)
         else:
-            logger.info(
-                "%s %s",
-                self.event.value,
-                self.message or self.data,
-                extra={"awaken_event": self.event.value},
-            )
+            logger.info("%s %s", self.event.value, self.message or self.data, extra=extra)
+
+    def log_fields(self, run_id: uuid.UUID | None = None) -> dict[str, Any]:
+        """The structured fields of the log record: the event, the run, the payload."""
+        fields: dict[str, Any] = {"awaken_event": self.event.value}
+        if run_id is not None:
+            fields["awaken_run_id"] = str(run_id)
+        fields.update({f"awaken_{name}": value for name, value in self.data.items()})
+        return fields
 
 
 def warning(event: RecoveryEvent, key: str | None, message: str) -> Report:
@@ -178,7 +192,7 @@ class Reporter:
 
     def report(self, report: Report) -> None:
         """Log ``report`` and send it to the call's callback handlers (sync)."""
-        report.log()
+        report.log(self.run_id)
         try:
             args = self._manager_args()
             if args is not None:
@@ -193,7 +207,7 @@ class Reporter:
 
     async def areport(self, report: Report) -> None:
         """Log ``report`` and send it to the call's callback handlers (async)."""
-        report.log()
+        report.log(self.run_id)
         try:
             args = self._manager_args()
             if args is not None:

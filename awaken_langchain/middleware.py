@@ -129,6 +129,7 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             wrapper = RecoveringChatModel(
                 model=model, retry_policy=self.retry_policy, store=self.store, **self.settings
             )
+            logger.debug("protecting %s with RecoveringChatModel", type(model).__name__)
             self._wrappers[id(model)] = (weakref.ref(model), wrapper)
             if len(self._wrappers) > _CACHE_SIZE:
                 self._wrappers.popitem(last=False)

@@ -10,6 +10,7 @@ message per turn, the tool ran once, and how many requests the provider got.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -280,6 +281,25 @@ def test_a_model_given_as_a_string_is_protected(
     thread = agent.invoke({"messages": [HumanMessage("Weather in Paris?")]})["messages"]
     assert_uncut_thread(thread)
     assert weather.calls == ["Paris"]
+
+
+def test_a_recovered_agent_call_is_logged_with_structured_fields(
+    server: LoopbackProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.enqueue(TOOL_TURN, Scenario(text=ANSWER, fault=Fault.drop_after_events(6)))
+    agent = create_agent(
+        bare("openai", server),
+        Weather().tools,
+        middleware=[StreamRecoveryMiddleware(retry_policy=NO_WAIT)],
+    )
+    with caplog.at_level(logging.INFO, logger="awaken_langchain"):
+        agent.invoke({"messages": [HumanMessage("Weather in Paris?")]})
+    [record] = [r for r in caplog.records if hasattr(r, "awaken_event")]
+    assert record.awaken_event == "awaken_continuation"
+    fields = (record.awaken_plan, record.awaken_attempt, record.awaken_cause)
+    assert fields == ("R1", 1, "connection")
+    assert record.awaken_chars_so_far > 0
+    assert record.awaken_run_id
 
 
 def test_one_wrapper_is_built_per_model_and_reused(server: LoopbackProvider) -> None:

@@ -10,7 +10,9 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import email.utils
+import logging
 import re
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -599,3 +601,38 @@ def test_other_retryable_errors_stop_at_the_attempt_count_despite_overload_deadl
     )
     assert overloaded.retry
     assert "overload_deadline=300.0" in overloaded.reason
+
+
+# --- logging -------------------------------------------------------------------------
+
+
+def test_recovery_log_records_carry_the_event_as_structured_fields(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeTime()
+    model, _ = wrap(policy(fake), [status_error(529)], ANSWER)
+    run_id = uuid.uuid4()
+    with caplog.at_level(logging.INFO, logger="awaken_langchain"):
+        model.invoke("hi", config={"run_id": run_id})
+    [record] = [r for r in caplog.records if getattr(r, "awaken_event", None) == "awaken_retry"]
+    assert record.name == "awaken_langchain.events"
+    assert record.levelno == logging.INFO
+    fields = {name: value for name, value in vars(record).items() if name.startswith("awaken_")}
+    assert fields == {
+        "awaken_event": "awaken_retry",
+        "awaken_run_id": str(run_id),
+        "awaken_plan": "R4",
+        "awaken_cause": "overloaded",
+        "awaken_status_code": 529,
+        "awaken_retry_after": None,
+        "awaken_delay": 2.0,
+        "awaken_attempt": 1,
+        "awaken_error": fields["awaken_error"],
+        "awaken_chars_so_far": 0,
+    }
+    assert "529" in fields["awaken_error"]
+
+
+def test_the_package_logger_is_silent_until_the_application_configures_logging() -> None:
+    handlers = logging.getLogger("awaken_langchain").handlers
+    assert any(isinstance(h, logging.NullHandler) for h in handlers)
