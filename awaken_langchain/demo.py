@@ -391,6 +391,8 @@ def demo_retry_policy(speed: float, max_attempts: int = 3) -> RetryPolicy:
         overloaded_initial_delay=initial,
         max_delay=max(initial, 8.0 / speed),
         jitter=0.0,
+        # one attempt shows an unrecovered 429: no overload time budget either
+        overload_deadline=None if max_attempts == 1 else 300.0 / speed,
     )
 
 
