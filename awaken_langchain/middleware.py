@@ -162,7 +162,6 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             isinstance(response_format, ProviderStrategy)
             and _is_openai_compatible(inner)
             and not getattr(inner, "use_responses_api", False)
-            and "strict" not in request.model_settings
         ):
             overrides["model_settings"] = {**request.model_settings, "strict": True}
         return request.override(**overrides)

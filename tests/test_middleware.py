@@ -33,7 +33,12 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import BaseModel
 
-from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamInterruptedError
+from awaken_langchain import (
+    InMemoryStreamCheckpointStore,
+    RecoveringChatModel,
+    RetryPolicy,
+    StreamInterruptedError,
+)
 from awaken_langchain.middleware import StreamRecoveryMiddleware
 from awaken_langchain.testing import (
     Fault,
@@ -300,6 +305,34 @@ def test_a_recovered_agent_call_is_logged_with_structured_fields(
     assert fields == ("R1", 1, "connection")
     assert record.awaken_chars_so_far > 0
     assert record.awaken_run_id
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_with_a_store_and_graph_memory_the_cut_turn_is_checkpointed_and_finished(
+    server: LoopbackProvider, provider: str
+) -> None:
+    server.enqueue(TOOL_TURN, Scenario(text=ANSWER, fault=Fault.drop_after_events(6)))
+    weather = Weather()
+    agent = create_agent(
+        bare(provider, server),
+        weather.tools,
+        middleware=[
+            StreamRecoveryMiddleware(
+                retry_policy=NO_WAIT,
+                store=InMemoryStreamCheckpointStore(),
+                checkpoint_every_chunks=1,
+            )
+        ],
+        checkpointer=InMemorySaver(),
+    )
+    config: Any = {"configurable": {"thread_id": "with-store"}}
+    thread = agent.invoke({"messages": [HumanMessage("Weather in Paris?")]}, config)["messages"]
+    assert_uncut_thread(thread)
+    assert weather.calls == ["Paris"]
+    awaken = thread[3].response_metadata["awaken"]
+    assert awaken["checkpoint_key"].startswith("with-store:")
+    assert awaken["checkpoint_writes"] > 0
+    assert agent.get_state(config).values["messages"][3].text == ANSWER
 
 
 def test_one_wrapper_is_built_per_model_and_reused(server: LoopbackProvider) -> None:
