@@ -523,7 +523,7 @@ def test_a_process_fenced_out_by_a_newer_owner_stops_writing_the_run(world: Worl
     old.finish()
     assert old.puts()[writes_before_the_race:] == []  # not one more write went through
     assert (
-        old.stderr().count("WARNING awaken_langchain: fenced out of run") == 1
+        old.stderr().count("WARNING awaken_langchain.events: fenced out of run") == 1
     )  # one refused write, then no more
     assert "StreamCheckpointFencedError" not in old.stderr()  # logged, not raised
 
@@ -553,7 +553,7 @@ def test_a_process_fenced_at_its_closing_write_never_releases_the_new_owners_che
 
     old.release()  # its complete checkpoint is refused; then LangGraph commits its turn
     old.finish()
-    assert old.stderr().count("WARNING awaken_langchain: fenced out of run") == 1
+    assert old.stderr().count("WARNING awaken_langchain.events: fenced out of run") == 1
     assert not [e for e in old.events if e["event"] == "delete"]
 
     new.kill()
