@@ -260,10 +260,13 @@ class RecoveringChatModel(BaseChatModel):
         own = set(cls.model_fields)
         own |= {f.alias for f in cls.model_fields.values() if f.alias}
         extra = {k: v for k, v in data.items() if k not in own}
-        if not extra:
-            return data
         inner = data["model"]
         if not isinstance(inner, BaseChatModel):
+            return data
+        if data.get("output_version", inner.output_version) != inner.output_version:
+            # the inner model builds the content blocks the wrapper's callers asked for
+            extra["output_version"] = data["output_version"]
+        if not extra:
             return data
         return {k: v for k, v in data.items() if k in own} | {"model": with_settings(inner, extra)}
 

@@ -217,6 +217,24 @@ async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
     assert not rejected(second)
 
 
+@pytest.mark.parametrize("provider", ["openai", "responses", "anthropic"])
+async def test_output_version_set_on_the_wrapper_shapes_a_streamed_tool_call(
+    servers: Callable[[], LoopbackProvider], provider: str, drive: Drive
+) -> None:
+    server = servers()
+    server.default = Scenario(tool_calls=[CALL], chunk_size=4)
+    inner = plain(provider, server)
+    if provider == "responses":
+        inner = plain("openai", server).model_copy(update={"use_responses_api": True})
+    wrapper = RecoveringChatModel(model=inner, output_version="v1", retry_policy=NO_WAIT)
+    forced = wrapper.bind_tools([get_temperature], tool_choice="any")  # held whole
+    message = merged(await drive.stream(forced, "q"))
+    blocks = [b for b in message.content_blocks if b["type"] == "tool_call"]
+    assert [(b["name"], b["args"]) for b in blocks] == [("get_temperature", {"city": "Utrecht"})]
+    assert message.tool_calls[0]["args"] == {"city": "Utrecht"}
+    assert not rejected(server)
+
+
 async def test_plain_chat_completions_text_stays_a_string(
     servers: Callable[[], LoopbackProvider], drive: Drive
 ) -> None:
