@@ -515,9 +515,18 @@ class TurnAccumulator:
             response_metadata=metadata,
         )
 
-    def _whole_content(self) -> list[Any]:
+    def _whole_content(self) -> str | list[Any]:
         responses = self.response_metadata.get("object") == "response"
-        return [_whole(b, responses=responses) for b in self._content]
+        content = [_whole(b, responses=responses) for b in self._content]
+        if (  # Anthropic's non-streamed answer of one plain text block is a string
+            self.response_metadata.get("model_provider") == "anthropic"
+            and len(content) == 1
+            and isinstance(content[0], dict)
+            and content[0].get("type") == "text"
+            and not content[0].get("citations")
+        ):
+            return str(content[0].get("text", ""))
+        return content
 
     # -- internals --------------------------------------------------------------------
 

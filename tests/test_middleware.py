@@ -236,20 +236,7 @@ async def test_agent_thread_holds_the_uncut_turns_and_the_tool_runs_once(
     )
 
 
-@pytest.mark.parametrize(
-    "provider",
-    [
-        "openai",
-        pytest.param(
-            "anthropic",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="with tools bound, RecoveringChatModel(ChatAnthropic).invoke returns a "
-                "text-only answer as a list of text blocks; the bare model returns a string",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @ASYNC
 async def test_without_a_fault_the_agent_thread_equals_the_bare_agent_thread(
     server: LoopbackProvider, provider: str
