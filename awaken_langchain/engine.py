@@ -289,6 +289,7 @@ class TurnEngine:
             self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
             self.done = True
             finished: dict[str, Any] = {
+                "key": self.key,
                 "plan": plan.value,
                 "cause": info.kind.value,
                 "error": describe(exc),
@@ -328,6 +329,7 @@ class TurnEngine:
         self.continuing = plan is not Plan.RESTART
         self.waited += decision.delay
         data: dict[str, Any] = {
+            "key": self.key,
             "plan": plan.value,
             "cause": info.kind.value,
             "status_code": info.status_code,

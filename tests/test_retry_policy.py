@@ -621,6 +621,7 @@ def test_recovery_log_records_carry_the_event_as_structured_fields(
     assert fields == {
         "awaken_event": "awaken_retry",
         "awaken_run_id": str(run_id),
+        "awaken_key": str(run_id),  # the checkpoint key: the caller's run id here
         "awaken_plan": "R4",
         "awaken_cause": "overloaded",
         "awaken_status_code": 529,

@@ -41,7 +41,7 @@ if sys.platform != "win32":
 else:  # pragma: no cover - exercised on Windows only
     fcntl = None
 
-logger = logging.getLogger("awaken_langchain")
+logger = logging.getLogger(__name__)
 
 _LOG_SUFFIX = ".log"
 _EPOCH_SUFFIX = ".epoch"
