@@ -60,10 +60,20 @@ def execute(name: str) -> Any:
 
 
 def text_output(notebook: Any) -> str:
-    """Everything the code cells printed or displayed as text, in order."""
+    """Everything the code cells printed or displayed as text, in order.
+
+    A kernel may deliver one ``print`` as several stream outputs when it
+    flushes between the pieces (it does on a loaded machine), so consecutive
+    pieces of one stream are joined as written, with nothing in between.
+    """
     parts: list[str] = []
     for cell in notebook.cells:
+        stream: str | None = None
         for output in cell.get("outputs", []):
+            if output.output_type == "stream" and output.name == stream:
+                parts[-1] += output.text
+                continue
+            stream = output.name if output.output_type == "stream" else None
             if output.output_type == "stream":
                 parts.append(output.text)
             elif output.output_type in ("execute_result", "display_data"):
