@@ -419,3 +419,134 @@ def test_continuation_responder_continues_a_responses_prefix(server: LoopbackPro
         HumanMessage("Continue."),
     ]
     assert chat(server).invoke(history).text == TEXT[10:]
+
+
+# -- background mode: the provider keeps the response -----------------------------------
+
+
+class Clock:
+    """A clock the test moves forward."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cut_background(server: LoopbackProvider, scenario: Scenario) -> tuple[str, list[Any]]:
+    """Create ``scenario`` in background mode; return its id and the events read before the cut."""
+    server.enqueue(scenario)
+    events: list[Any] = []
+    with pytest.raises(openai.APIConnectionError):
+        collect(create(server, stream=True, background=True, store=True), events)
+    return events[0].response.id, events
+
+
+def test_background_stream_resumes_after_the_last_event_read(server: LoopbackProvider) -> None:
+    response_id, before = cut_background(
+        server,
+        Scenario(
+            text=TEXT, thinking=[ScriptedThinking(REASONING)], fault=Fault.drop_after_events(9)
+        ),
+    )
+    assert before[0].response.background is True
+    after = list(
+        client(server).responses.retrieve(
+            response_id, stream=True, starting_after=before[-1].sequence_number
+        )
+    )
+    events = before + after
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    assert events[-1].response.output_text == TEXT
+    assert len(server.requests_for("openai-responses")) == 1  # one generation
+    assert len(server.retrievals()) == 1
+
+
+async def test_async_background_stream_resumes_after_the_last_event_read(
+    server: LoopbackProvider,
+) -> None:
+    response_id, before = cut_background(
+        server, Scenario(text=TEXT, fault=Fault.drop_after_events(5))
+    )
+    sdk = openai.AsyncOpenAI(base_url=server.base_url_openai, api_key="x", max_retries=0)
+    stream = await sdk.responses.retrieve(
+        response_id, stream=True, starting_after=before[-1].sequence_number
+    )
+    after = [event async for event in stream]
+    assert after[0].sequence_number == before[-1].sequence_number + 1
+    assert after[-1].type == "response.completed"
+
+
+def test_retrieval_after_the_response_completed_replays_the_rest(
+    server: LoopbackProvider,
+) -> None:
+    server.enqueue(Scenario(text=TEXT))
+    events = list(create(server, stream=True, background=True, store=True))
+    response_id = events[0].response.id
+    assert client(server).responses.retrieve(response_id).status == "completed"
+    tail = list(client(server).responses.retrieve(response_id, stream=True, starting_after=5))
+    assert [e.sequence_number for e in tail] == [e.sequence_number for e in events[6:]]
+    assert tail[-1].type == "response.completed"
+
+
+def test_retrieval_without_starting_after_replays_every_event(server: LoopbackProvider) -> None:
+    response_id, before = cut_background(
+        server, Scenario(text=TEXT, fault=Fault.drop_after_events(4))
+    )
+    replay = list(client(server).responses.retrieve(response_id, stream=True))
+    assert [e.type for e in replay[:4]] == [e.type for e in before]
+    assert replay[-1].type == "response.completed"
+
+
+def test_drop_during_the_resume_cuts_the_resumed_stream(server: LoopbackProvider) -> None:
+    scenario = Scenario(
+        text=TEXT, fault=Fault.drop_after_events(5), resume_faults=[Fault.drop_after_events(2)]
+    )
+    response_id, _ = cut_background(server, scenario)
+    first: list[Any] = []
+    with pytest.raises(openai.APIConnectionError):
+        collect(
+            client(server).responses.retrieve(response_id, stream=True, starting_after=4), first
+        )
+    assert [e.sequence_number for e in first] == [5, 6]
+    second = list(client(server).responses.retrieve(response_id, stream=True, starting_after=6))
+    assert second[0].sequence_number == 7
+    assert second[-1].type == "response.completed"
+    assert len(server.requests_for("openai-responses")) == 1
+
+
+def test_expired_background_response_is_not_found() -> None:
+    clock = Clock()
+    with LoopbackProvider(clock=clock, background_ttl=60.0) as server:
+        response_id, _ = cut_background(
+            server, Scenario(text=TEXT, fault=Fault.drop_after_events(4))
+        )
+        clock.now += 61.0
+        with pytest.raises(openai.NotFoundError):
+            list(client(server).responses.retrieve(response_id, stream=True, starting_after=3))
+        assert server.background_response(response_id) is None
+
+
+def test_unknown_response_id_is_not_found(server: LoopbackProvider) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client(server).responses.retrieve("resp_missing")
+    with pytest.raises(openai.NotFoundError):
+        client(server).responses.cancel("resp_missing")
+
+
+def test_cancel_stops_a_running_response_and_its_stream_ends_without_terminal_event(
+    server: LoopbackProvider,
+) -> None:
+    response_id, _ = cut_background(server, Scenario(text=TEXT, fault=Fault.drop_after_events(4)))
+    assert client(server).responses.cancel(response_id).status == "cancelled"
+    assert client(server).responses.retrieve(response_id).status == "cancelled"
+    assert list(client(server).responses.retrieve(response_id, stream=True, starting_after=3)) == []
+    assert [r.path for r in server.cancellations()] == [f"/v1/responses/{response_id}/cancel"]
+
+
+def test_background_mode_requires_store(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=TEXT))
+    with pytest.raises(openai.BadRequestError, match="store"):
+        create(server, stream=True, background=True, store=False)

@@ -1092,6 +1092,7 @@ def test_server_public_names_are_exported_from_testing() -> None:
     import awaken_langchain.testing.server as module
 
     assert sorted(module.__all__) == [
+        "BackgroundResponse",
         "DEFAULT_SHAPE_RULES",
         "Fault",
         "FaultKind",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from awaken_langchain.testing.server import (
         DEFAULT_SHAPE_RULES,
         NO_ASSISTANT_PREFILL,
+        BackgroundResponse,
         Fault,
         FaultKind,
         LoopbackProvider,
@@ -57,6 +58,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "DEFAULT_SHAPE_RULES",
     "NO_ASSISTANT_PREFILL",
+    "BackgroundResponse",
     "Fault",
     "FaultKind",
     "LoopbackProvider",

@@ -559,6 +559,11 @@ class Scenario:
         model: The model name reported; ``None`` echoes the request's ``model``.
         headers: Extra response headers (sent on success and on faults).
         name: A label, shown in :class:`RecordedRequest` and logs.
+        resume_faults: Responses API background mode only: the faults of the
+            streamed retrievals of this response (``GET /v1/responses/{id}?stream=true``),
+            in order; the first retrieval gets the first fault, and retrievals past
+            the end of the list get none. ``drop_after_events`` counts the events
+            of the resumed stream; ``http_error`` answers the retrieval with an error.
     """
 
     text: str | Sequence[str] = ""
@@ -575,6 +580,7 @@ class Scenario:
     model: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
+    resume_faults: Sequence[Fault] = ()
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
@@ -592,6 +598,7 @@ class Scenario:
         object.__setattr__(self, "thinking", tuple(self.thinking))
         object.__setattr__(self, "citations", tuple(self.citations))
         object.__setattr__(self, "web_searches", tuple(self.web_searches))
+        object.__setattr__(self, "resume_faults", tuple(self.resume_faults))
         end = 0
         for citation in self.citations:
             if citation.start < end or citation.end > len(self.full_text):

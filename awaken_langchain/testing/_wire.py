@@ -745,7 +745,7 @@ def responses_object(
         "object": "response",
         "created_at": CREATED,
         "status": status,
-        "background": False,
+        "background": bool(request.get("background", False)),
         "error": error,
         "incomplete_details": {"reason": reason} if status == "incomplete" else None,
         "instructions": request.get("instructions"),

@@ -9,7 +9,11 @@ default) in a background thread and answers:
   ``message_stop``) or not, with thinking blocks and citations;
 - ``POST /v1/responses``: the OpenAI Responses API, streamed
   (``response.created`` ... ``response.completed``) or not, with reasoning
-  items, annotations and function calls.
+  items, annotations and function calls; with ``background: true`` (and
+  ``store: true``) the response is kept after the client's connection drops:
+  ``GET /v1/responses/{id}?stream=true&starting_after=N`` replays its events
+  after sequence number ``N``, ``GET /v1/responses/{id}`` returns it and
+  ``POST /v1/responses/{id}/cancel`` cancels it (see :class:`BackgroundResponse`).
 
 Each request is answered by the next queued :class:`Scenario` (text, tool calls,
 usage, chunking, pacing) and its optional :class:`Fault` (HTTP errors with retry
@@ -70,7 +74,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from awaken_langchain.seam import is_word_start
 from awaken_langchain.testing._scenarios import (
@@ -120,6 +124,7 @@ from awaken_langchain.testing._wire import (
 __all__ = [
     "DEFAULT_SHAPE_RULES",
     "NO_ASSISTANT_PREFILL",
+    "BackgroundResponse",
     "Fault",
     "FaultKind",
     "LoopbackProvider",
@@ -216,6 +221,39 @@ class RecordedRequest:
 
 Responder = Callable[[RecordedRequest], Scenario]
 """Builds the answer to a request when no queued scenario is left."""
+
+BACKGROUND_TTL = 600.0
+"""Seconds a background response stays retrievable after its creation (by the server's clock)."""
+
+
+@dataclass
+class BackgroundResponse:
+    """A Responses API response created with ``background: true``, kept by the server.
+
+    The loopback provider generates a response at once: all its events exist
+    when it is created, and a retrieval replays them. It counts as running
+    (``in_progress``) until a client has read its terminal event; a cancel
+    before that makes it ``cancelled``, and a streamed retrieval of a cancelled
+    response sends no more events and ends without a terminal one.
+
+    Attributes:
+        id: The response id.
+        number: The number of the request that created it.
+        frames: Every event of the response, as rendered.
+        scenario: The scenario that answers it.
+        created_at: The server clock's reading at creation.
+        status: ``in_progress``, ``completed``, ``incomplete`` or ``cancelled``.
+        retrievals: Streamed retrievals so far.
+    """
+
+    id: str
+    number: int
+    frames: list[Frame]
+    scenario: Scenario
+    ctx: ResponseContext
+    created_at: float
+    status: str = "in_progress"
+    retrievals: int = 0
 
 
 def echo_responder(prefix: str = "You said: ", *, chunk_size: int = 4) -> Responder:
@@ -391,6 +429,10 @@ class LoopbackProvider:
             answered 400 with a provider-style error. Pass ``()`` to disable.
         host: Interface to listen on.
         port: Port to listen on; ``0`` picks a free one.
+        clock: The clock background responses expire by (seconds); tests pass
+            one they move forward.
+        background_ttl: Seconds a background response stays retrievable; after
+            that a retrieval answers 404, as for an unknown id.
     """
 
     def __init__(
@@ -401,8 +443,13 @@ class LoopbackProvider:
         shape_rules: Sequence[ShapeRule] = DEFAULT_SHAPE_RULES,
         host: str = "127.0.0.1",
         port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+        background_ttl: float = BACKGROUND_TTL,
     ) -> None:
         self._lock = threading.RLock()
+        self.clock = clock
+        self.background_ttl = background_ttl
+        self._background: dict[str, BackgroundResponse] = {}
         self._queue: list[Scenario] = list(scenarios)
         self._requests: list[RecordedRequest] = []
         self._received = 0
@@ -548,8 +595,32 @@ class LoopbackProvider:
             return list(self._requests)
 
     def requests_for(self, provider: Provider) -> list[RecordedRequest]:
-        """The requests received in ``provider``'s wire format, oldest first."""
+        """The requests received in ``provider``'s wire format, oldest first.
+
+        For ``openai-responses`` these are the creations (``POST /v1/responses``),
+        each one a generation; retrievals and cancels are listed by
+        :meth:`retrievals` and :meth:`cancellations`.
+        """
         return [r for r in self.requests if r.provider == provider]
+
+    def retrievals(self) -> list[RecordedRequest]:
+        """``GET /v1/responses/{id}`` requests (streamed or not), oldest first."""
+        return [
+            r for r in self.requests if r.method == "GET" and _background_route(r.path) is not None
+        ]
+
+    def cancellations(self) -> list[RecordedRequest]:
+        """``POST /v1/responses/{id}/cancel`` requests, oldest first."""
+        return [
+            r
+            for r in self.requests
+            if r.method == "POST" and r.path.rstrip("/").endswith("/cancel")
+        ]
+
+    def background_response(self, response_id: str) -> BackgroundResponse | None:
+        """The background response with ``response_id``, if the server still keeps it."""
+        with self._lock:
+            return self._background.get(response_id)
 
     @property
     def errors(self) -> list[Exception]:
@@ -625,6 +696,21 @@ class LoopbackProvider:
             )
             return Scenario(name="responder-error", fault=Fault.http_error(500, message=message))
         return scenario
+
+    def _keep(self, response: BackgroundResponse) -> None:
+        with self._lock:
+            self._background[response.id] = response
+
+    def _find(self, response_id: str) -> BackgroundResponse | None:
+        """A kept background response, or ``None`` when unknown or expired."""
+        with self._lock:
+            response = self._background.get(response_id)
+            if response is None:
+                return None
+            if self.clock() - response.created_at > self.background_ttl:
+                del self._background[response_id]
+                return None
+            return response
 
     def _take(self, provider: Provider) -> Scenario | None:
         for i, scenario in enumerate(self._queue):
@@ -830,6 +916,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (json.JSONDecodeError, UnicodeDecodeError):
             body = None
         parts = urlsplit(self.path)
+        route = _background_route(parts.path)
+        if route is not None:
+            self._background(route, parts.query)
+            return
         provider = _provider_for(self.command, parts.path)
         request, rejection = self.provider._admit(
             RecordedRequest(
@@ -893,10 +983,84 @@ class _Handler(BaseHTTPRequestHandler):
             )
             self._send_json(fault.status, error, provider, headers)
             return
+        kept = None
+        if provider == "openai-responses" and body.get("background") is True:
+            if body.get("store") is False:
+                message = "Background mode requires `store` to be true."
+                error = error_body(provider, 400, request_id=ctx.request_id, message=message)
+                self._send_json(400, error, provider, headers)
+                return
+            kept = BackgroundResponse(
+                id=ctx.response_id,
+                number=request.number,
+                frames=responses_frames(scenario, ctx),
+                scenario=scenario,
+                ctx=ctx,
+                created_at=self.provider.clock(),
+            )
+            self.provider._keep(kept)
         if request.stream:
-            self._stream(provider, scenario, ctx, headers)
+            self._stream(provider, scenario, ctx, headers, kept)
         else:
             self._complete(provider, scenario, ctx, headers)
+
+    def _background(self, route: tuple[str, str], query: str) -> None:
+        """Answer a retrieval or a cancel of a background response."""
+        request, _ = self.provider._admit(
+            RecordedRequest(
+                number=0,
+                method=self.command,
+                path=urlsplit(self.path).path,
+                query=query,
+                headers={k.lower(): v for k, v in self.headers.items()},
+                raw_body=b"",
+                body=None,
+                provider=None,
+                received_at=time.monotonic(),
+            )
+        )
+        response_id, action = route
+        request_id = f"req_loopback_{request.number}"
+        kept = self.provider._find(response_id)
+        if kept is None or (self.command, action) not in (("GET", ""), ("POST", "cancel")):
+            message = f"Response with id '{response_id}' not found."
+            body = error_body("openai-responses", 404, request_id=request_id, message=message)
+            self._send_json(404, body, "openai-responses")
+            return
+        headers = _request_id_header("openai-responses", request_id)
+        if action == "cancel":
+            if kept.status == "in_progress":
+                kept.status = "cancelled"
+            self._send_json(200, self._state(kept), "openai-responses", headers)
+            return
+        params = parse_qs(query)
+        if params.get("stream", ["false"])[0] != "true":
+            self._send_json(200, self._state(kept), "openai-responses", headers)
+            return
+        after = int(params.get("starting_after", ["-1"])[0])
+        faults = kept.scenario.resume_faults
+        fault = faults[kept.retrievals] if kept.retrievals < len(faults) else None
+        kept.retrievals += 1
+        if fault is not None and fault.kind is FaultKind.HTTP_ERROR:
+            error = error_body(
+                "openai-responses",
+                fault.status,
+                request_id=request_id,
+                error_type=fault.error_type,
+                message=fault.message,
+                code=fault.code,
+            )
+            self._send_json(fault.status, error, "openai-responses", headers)
+            return
+        frames = [] if kept.status == "cancelled" else kept.frames[after + 1 :]
+        self._send_frames(plan_stream(frames, fault), headers, kept.ctx.number, kept)
+
+    @staticmethod
+    def _state(kept: BackgroundResponse) -> dict[str, Any]:
+        """The response object of a background response as it stands."""
+        if kept.status in ("completed", "incomplete"):
+            return responses_object(kept.scenario, kept.ctx)
+        return responses_object(kept.scenario, kept.ctx, status=kept.status, output=[])
 
     def _stream(
         self,
@@ -904,9 +1068,10 @@ class _Handler(BaseHTTPRequestHandler):
         scenario: Scenario,
         ctx: ResponseContext,
         headers: Mapping[str, str],
+        kept: BackgroundResponse | None = None,
     ) -> None:
         fault = scenario.fault
-        frames = _RENDER_STREAM[provider](scenario, ctx)
+        frames = kept.frames if kept is not None else _RENDER_STREAM[provider](scenario, ctx)
         extra = None
         if fault is not None and fault.kind in _ERROR_EVENT_KINDS:
             error_type = stream_error_type(provider, fault.error_type)
@@ -926,7 +1091,16 @@ class _Handler(BaseHTTPRequestHandler):
         steps = plan_stream(
             frames, fault, delay=scenario.delay, extra=extra, keepalive=keepalive_frame(provider)
         )
+        self._send_frames(steps, headers, ctx.number, kept)
 
+    def _send_frames(
+        self,
+        steps: Sequence[_Step],
+        headers: Mapping[str, str],
+        number: int,
+        kept: BackgroundResponse | None = None,
+    ) -> None:
+        """Send a planned SSE body; a background response whose end is read is done."""
         self.send_response(200)
         self.send_header("content-type", "text/event-stream; charset=utf-8")
         self.send_header("cache-control", "no-cache")
@@ -934,14 +1108,17 @@ class _Handler(BaseHTTPRequestHandler):
         for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
+        last = kept.frames[-1].data if kept is not None and kept.frames else None
         for step in steps:
             if isinstance(step, _Pause):
-                if not self._pause(step.seconds, ctx.number):
+                if not self._pause(step.seconds, number):
                     self._drop(reset=False)
                     return
             elif isinstance(step, _Write):
                 if step.data:
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(step.data), step.data))
+                if kept is not None and step.data == last and kept.status == "in_progress":
+                    kept.status = "incomplete" if b"response.incomplete" in last else "completed"
             else:
                 self._drop(step.reset)
                 return
@@ -1107,6 +1284,17 @@ def _provider_for(method: str, path: str) -> Provider | None:
     if path.endswith("/v1/responses"):
         return "openai-responses"
     return None
+
+
+_BACKGROUND_PATH = re.compile(r"/v1/responses/(?P<id>[^/]+)(?:/(?P<action>cancel))?/?$")
+
+
+def _background_route(path: str) -> tuple[str, str] | None:
+    """``(response id, "" or "cancel")`` for a retrieval or cancel path, else ``None``."""
+    match = _BACKGROUND_PATH.search(path)
+    if match is None:
+        return None
+    return match["id"], match["action"] or ""
 
 
 def _request_id_header(provider: Provider, request_id: str) -> dict[str, str]:
