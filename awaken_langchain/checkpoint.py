@@ -152,6 +152,14 @@ class StreamCheckpoint(BaseModel):
     """The fencing epoch of the writer, as returned by ``StreamCheckpointStore.claim``."""
     updated_at: float = Field(default=0.0, ge=0.0)
     """When the store last wrote the record, in seconds since the epoch (set by the store)."""
+    provider_response_id: str | None = None
+    """The provider's id of the background response that holds the whole turn
+    (``provider_resume=True``): a replacement process resumes its stream instead of
+    continuing by prompt. ``None`` without provider resume, or once the turn was
+    continued by prompt."""
+    provider_sequence_number: int | None = Field(default=None, ge=0)
+    """The ``sequence_number`` of the last provider event the record holds the output of;
+    ``None`` when none arrived yet."""
 
     @field_validator("run_id", mode="before")
     @classmethod

@@ -18,6 +18,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
 
+from awaken_langchain._provider_resume import ProviderStream, ProviderStreamGoneError
 from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.errors import (
@@ -36,7 +37,11 @@ from awaken_langchain.recovery import (
 )
 from awaken_langchain.retry import RetryPhase, RetryPolicy
 
-__all__ = ["Step", "TurnEngine", "TurnRequest", "TurnSettings"]
+__all__ = ["PROVIDER_RESUME", "Step", "TurnEngine", "TurnRequest", "TurnSettings"]
+
+PROVIDER_RESUME = "provider_resume"
+"""The plan of an interruption resumed at the provider: its stream goes on, nothing is
+generated again (``RecoveringChatModel(provider_resume=True)``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +60,9 @@ class TurnSettings:
     resume_max_age: float | None = None
     standard_blocks: bool = False
     """The inner model shows LangChain's standard content blocks (``output_version="v1"``)."""
+    provider_resume: bool = False
+    """Create the response in the provider's background mode and resume its stream
+    after an interruption (see `awaken_langchain._provider_resume`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +148,10 @@ class TurnEngine:
         self.store_failing = False
         self.checkpoint_writes = 0
         self.kept = False
+        self.provider = ProviderStream() if settings.provider_resume else None
+        """The turn's background response at the provider, with provider resume."""
+        self._adopted: TurnAccumulator | None = None
+        """The checkpoint's accumulator, kept while the turn is rebuilt from the provider."""
         self.cadence = CheckpointCadence(
             every_chunks=settings.every_chunks,
             every_seconds=settings.every_seconds,
@@ -187,6 +199,19 @@ class TurnEngine:
         if checkpoint.complete:  # finished before memory committed it: no request needed
             self.done = True
             resumed_as = "complete"
+        elif self.provider is not None and checkpoint.provider_response_id:
+            # the provider still has the response: rebuild the turn from its events
+            self.provider.adopt(
+                checkpoint.provider_response_id, checkpoint.provider_sequence_number
+            )
+            self._adopted = self.acc
+            self.acc = TurnAccumulator(
+                self.acc.message_id,
+                hold_text=self.request.one_document,
+                standard_blocks=self.settings.standard_blocks,
+            )
+            self.plans.append(PROVIDER_RESUME)
+            resumed_as = PROVIDER_RESUME
         else:
             plan = self._plan(
                 text=checkpoint.partial_text,
@@ -240,6 +265,10 @@ class TurnEngine:
         if self.done:
             return None
         self.attempts += 1
+        if self.provider is not None:
+            if self.provider.response_id is not None:
+                return list(self.messages)  # the provider's stream resumes: same attempt
+            self.provider.forget(whole_turn=not self.continuing)  # a new response
         self.acc.begin_attempt(continuing=self.continuing)
         if self.continuing:
             return continuation_messages(
@@ -253,6 +282,8 @@ class TurnEngine:
     def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
         """Feed one inner chunk; return the chunks to yield and whether to checkpoint now."""
         out = self.acc.feed(generation)
+        if self.provider is not None and not self.provider.fed(generation):
+            return [], False  # rebuilt from events the checkpoint already showed
         return out, self.cadence.observe() and self.checkpointing
 
     def check_complete(self) -> None:
@@ -272,15 +303,31 @@ class TurnEngine:
         if self.acc.terminal:  # the answer was complete; only the epilogue broke
             self.done = True
             return Step(chunks=held)
+        provider, gone = self.provider, isinstance(exc, ProviderStreamGoneError)
+        if provider is not None and gone:  # continue by prompt instead
+            if provider.replaying and self._adopted is not None:
+                self.acc = self._adopted
+            provider.forget(whole_turn=False)
+        resuming = provider is not None and provider.resumable
         text = self.acc.text
         plan = self._plan(
             text=text,
             completed=len(self.acc.completed),
             in_flight=self.acc.in_flight is not None or self.acc.block_in_flight,
         )
-        phase = RetryPhase.BEFORE_OUTPUT if plan is Plan.RESTART else RetryPhase.AFTER_OUTPUT
-        count = self.retries + 1 if phase is RetryPhase.BEFORE_OUTPUT else self.continuations + 1
-        if plan is Plan.FINISH_WITH_TOOL_CALLS:
+        label = PROVIDER_RESUME if resuming else plan.value
+        phase = (
+            RetryPhase.BEFORE_OUTPUT
+            if plan is Plan.RESTART and not resuming
+            else RetryPhase.AFTER_OUTPUT
+        )
+        resumed = provider.resumes if provider is not None else 0
+        count = (
+            self.retries + 1
+            if phase is RetryPhase.BEFORE_OUTPUT
+            else self.continuations + resumed + 1
+        )
+        if plan is Plan.FINISH_WITH_TOOL_CALLS and not resuming:
             info = self.policy.classify(exc)
             if not info.retryable:
                 return Step(chunks=held, write=self.snapshot(), error=exc)
@@ -306,7 +353,7 @@ class TurnEngine:
         info = decision.error
         if not info.retryable:
             return Step(chunks=held, write=self.snapshot(), error=exc)
-        self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
+        self.interruptions.append({"kind": info.kind.value, "plan": label})
         if not decision.retry:
             partial = (
                 self.acc.message({**self.metadata(), "interrupted": True})
@@ -321,13 +368,34 @@ class TurnEngine:
                 attempts=self.attempts,
             )
             return Step(chunks=held, write=self.snapshot(), error=error)
-        self.plans.append(plan.value)
+        self.plans.append(label)
+        self.waited += decision.delay
+        if resuming and provider is not None:
+            resume = {
+                "key": self.key,
+                "plan": label,
+                "cause": info.kind.value,
+                "status_code": info.status_code,
+                "retry_after": info.retry_after,
+                "delay": decision.delay,
+                "attempt": self.attempts,
+                "error": describe(exc),
+                "chars_so_far": len(text),
+                "response_id": provider.response_id,
+                "starting_after": provider.sequence_number,
+                "regenerated_output_tokens": 0,
+            }
+            return Step(
+                chunks=held,
+                write=self.snapshot(),
+                reports=[Report(RecoveryEvent.PROVIDER_RESUME, resume)],
+                delay=decision.delay,
+            )
         if phase is RetryPhase.BEFORE_OUTPUT:
             self.retries += 1
         else:
             self.continuations += 1
         self.continuing = plan is not Plan.RESTART
-        self.waited += decision.delay
         data: dict[str, Any] = {
             "key": self.key,
             "plan": plan.value,
@@ -341,6 +409,8 @@ class TurnEngine:
         }
         if self.request.one_document:
             data["one_document"] = True
+        if gone:
+            data["provider_resume"] = str(exc)
         event = RecoveryEvent.RETRY if plan is Plan.RESTART else RecoveryEvent.CONTINUATION
         return Step(
             chunks=held,
@@ -355,12 +425,18 @@ class TurnEngine:
         """The checkpoint to write now, or ``None`` when nothing changed since the last."""
         if not self.checkpointing or not self.cadence.dirty:
             return None
+        if self.provider is not None and self.provider.replaying:
+            return None  # the stored checkpoint holds more than the rebuild so far
         self.cadence.written()
         return self._record()
 
     def _record(self, *, complete: bool = False) -> StreamCheckpoint:
         self.checkpoint_writes += 1
+        provider = self.provider
+        whole = provider is not None and provider.whole_turn and provider.response_id is not None
         return self.acc.snapshot(
+            provider_response_id=provider.response_id if whole and provider else None,
+            provider_sequence_number=provider.sequence_number if whole and provider else None,
             run_id=self.key,
             thread_id=self.request.thread_id,
             model=self.settings.model_id,
@@ -436,7 +512,15 @@ class TurnEngine:
             "checkpoint_complete": self.kept and self.checkpointing,
             "one_document": self.request.one_document,
             "not_executed": self.acc.not_executed(),
+            "provider_resumes": self.provider.resumes if self.provider is not None else 0,
+            "provider_response_id": self.provider.response_id if self.provider else None,
         }
+
+    def cancelled(self, response_id: str) -> list[Report]:
+        """The turn left its background response running and cancelled it."""
+        data = {"key": self.key, "response_id": response_id}
+        message = f"cancelled background response {response_id!r}: the turn did not finish"
+        return [Report(RecoveryEvent.PROVIDER_CANCEL, data, message)]
 
     def final(self) -> list[ChatGenerationChunk]:
         """The chunk that closes the turn: usage, metadata, calls that will not run."""

@@ -59,6 +59,12 @@ class RecoveryEvent(enum.StrEnum):
     """The store failed; the turn went on without (some) checkpoints."""
     CHECKPOINT_RECOVERED = "awaken_checkpoint_recovered"
     """The store answered again after a failure; checkpointing goes on."""
+    PROVIDER_RESUME = "awaken_provider_resume"
+    """An interruption resumed at the provider: the response's stream goes on from the
+    last event received, and nothing is generated again."""
+    PROVIDER_CANCEL = "awaken_provider_cancel"
+    """A turn that did not finish (abandoned, out of budget) cancelled its background
+    response, so the provider stops generating it."""
 
     @property
     def is_warning(self) -> bool:
@@ -108,6 +114,11 @@ class AwakenMetadata(TypedDict):
     mode, forced tool choice), which is never continued as text."""
     not_executed: list[NotExecutedCall]
     """Tool calls that will not run, with the reason."""
+    provider_resumes: int
+    """Interruptions resumed at the provider (``provider_resume=True``): the stream
+    went on from the last event received; none of them regenerated a token."""
+    provider_response_id: str | None
+    """The provider's id of the turn's background response (``provider_resume=True``)."""
 
 
 @dataclass(frozen=True, slots=True)

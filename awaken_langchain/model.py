@@ -15,7 +15,7 @@ import functools
 import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -29,6 +29,7 @@ from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import override
 
 from awaken_langchain._idle import Pump, with_idle_timeout
+from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._rebind import replace_model, with_settings
 from awaken_langchain.accumulator import dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
@@ -72,6 +73,8 @@ class _CallContext:
     config: RunnableConfig | None = None
     in_graph_memory: bool = False
     """Whether the call runs in a LangGraph task whose graph has a checkpointer."""
+    turns: list[tuple[TurnEngine, Reporter]] = field(default_factory=list)
+    """The turns the call opened, for an entry point that must end them itself."""
 
 
 _CALL: contextvars.ContextVar[_CallContext | None] = contextvars.ContextVar(
@@ -250,6 +253,19 @@ class RecoveringChatModel(BaseChatModel):
     deletes it at turn end elsewhere; ``True`` always keeps it (commit with
     `awaken_langchain.history.commit_turn`, which deletes it); ``False`` deletes
     it when the turn ends."""
+    provider_resume: bool = False
+    """Resume an interrupted stream at the provider instead of continuing by prompt.
+
+    Needs an inner ``ChatOpenAI(use_responses_api=True)``: each turn's response is
+    created in background mode (``background=True``, ``store=True``), so the
+    provider keeps it running when the connection drops, and an interruption
+    resumes its stream after the last event received: no token is generated
+    again and the answer equals the uncut one. With a ``store``, a replacement
+    process resumes the same response. A response that is gone (expired,
+    cancelled, failed) is continued by prompt. A turn that does not finish
+    (abandoned, out of budget) cancels its response. Background responses are
+    stored by the provider (data retention): leave this off when that is not
+    allowed."""
 
     @model_validator(mode="before")
     @classmethod
@@ -282,6 +298,10 @@ class RecoveringChatModel(BaseChatModel):
             )
         if "output_version" not in self.model_fields_set:
             self.output_version = getattr(self._inner(), "output_version", None)
+        if self.provider_resume and isinstance(self.model, BaseChatModel):
+            problem = provider_resume_problem(self.model)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     def _inner(self, config: RunnableConfig | None = None) -> BaseChatModel:
@@ -451,6 +471,8 @@ class RecoveringChatModel(BaseChatModel):
                 if close is not None:
                     await close()
                 await self._aflush_store()
+                for engine, reporter in ctx.turns:  # the turn's generator ends only at GC
+                    await self._acancel_background(engine, reporter)
 
     # -- tools and structured output: delegate to the inner model -------------------------
 
@@ -515,6 +537,9 @@ class RecoveringChatModel(BaseChatModel):
         """
         ctx = _take_call_context(run_manager)
         inner = self._inner(ctx.config)
+        problem = provider_resume_problem(inner) if self.provider_resume else None
+        if problem is not None:  # a configurable model resolved to another model
+            raise ValueError(problem)
         model_id = self._model_id(inner)
         settings = model_settings(inner)
         fingerprint = request_fingerprint(
@@ -555,9 +580,12 @@ class RecoveringChatModel(BaseChatModel):
             resume_max_age=self.resume_max_age,
             # a whole answer is translated once it is whole, as for the inner model
             standard_blocks=not whole and getattr(inner, "output_version", None) == "v1",
+            provider_resume=self.provider_resume,
         )
         reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
-        return TurnEngine(turn, request), reporter
+        engine = TurnEngine(turn, request)
+        ctx.turns.append((engine, reporter))
+        return engine, reporter
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
@@ -614,6 +642,7 @@ class RecoveringChatModel(BaseChatModel):
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
+            self._cancel_background(engine, reporter)
 
     def _turn(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         yield from self._open(engine, reporter)
@@ -695,6 +724,14 @@ class RecoveringChatModel(BaseChatModel):
             writer.wait(writer.call(_nothing), self.checkpoint_deadline)
         writer.forget(engine.key)
 
+    def _cancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:
+        provider = engine.provider
+        if provider is None or not provider.resumable:
+            return
+        response_id = provider.cancel(cast(BaseChatModel, engine.request.model))
+        for report in engine.cancelled(str(response_id)):
+            reporter.report(report)
+
     def _inner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
     ) -> Iterator[ChatGenerationChunk]:
@@ -705,7 +742,10 @@ class RecoveringChatModel(BaseChatModel):
         if type(inner)._stream is BaseChatModel._stream:
             result = inner._generate(messages, stop=request.stop, **request.kwargs)
             return iter([_whole_message_chunk(result.generations[0].message)])
-        source = inner._stream(messages, stop=request.stop, **request.kwargs)
+        if engine.provider is not None:
+            source = engine.provider.stream(inner, messages, request.stop, request.kwargs)
+        else:
+            source = inner._stream(messages, stop=request.stop, **request.kwargs)
         timeout = self._idle_timeout(inner, request.kwargs)
         return iter(Pump(source, timeout)) if timeout is not None else source
 
@@ -743,6 +783,7 @@ class RecoveringChatModel(BaseChatModel):
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
+            await self._acancel_background(engine, reporter)
 
     async def _aturn(
         self, engine: TurnEngine, reporter: Reporter
@@ -843,6 +884,14 @@ class RecoveringChatModel(BaseChatModel):
             await writer.await_(writer.call(_nothing), self.checkpoint_deadline)
         writer.forget(engine.key)
 
+    async def _acancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:
+        provider = engine.provider
+        if provider is None or not provider.resumable:
+            return
+        response_id = await provider.acancel(cast(BaseChatModel, engine.request.model))
+        for report in engine.cancelled(str(response_id)):
+            await reporter.areport(report)
+
     async def _ainner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
     ) -> AsyncIterator[ChatGenerationChunk]:
@@ -855,7 +904,10 @@ class RecoveringChatModel(BaseChatModel):
             result = await inner._agenerate(messages, stop=request.stop, **request.kwargs)
             yield _whole_message_chunk(result.generations[0].message)
             return
-        source = inner._astream(messages, stop=request.stop, **request.kwargs)
+        if engine.provider is not None:
+            source = engine.provider.astream(inner, messages, request.stop, request.kwargs)
+        else:
+            source = inner._astream(messages, stop=request.stop, **request.kwargs)
         async for item in with_idle_timeout(source, self._idle_timeout(inner, request.kwargs)):
             yield item
 

@@ -24,6 +24,7 @@ TWINS = [
     ("_carry_out", "_acarry_out"),
     ("_store_step", "_astore_step"),
     ("_generate", "_agenerate"),
+    ("_cancel_background", "_acancel_background"),
 ]
 
 RENAMES = {
@@ -35,6 +36,8 @@ RENAMES = {
     "_astore_step": "_store_step",
     "_ainner_chunks": "_inner_chunks",
     "_agenerate": "_generate",
+    "_acancel_background": "_cancel_background",
+    "acancel": "cancel",
     "aput": "put",
     "adelete": "delete",
     "aclaim": "claim",

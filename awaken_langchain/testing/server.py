@@ -232,7 +232,7 @@ class BackgroundResponse:
 
     The loopback provider generates a response at once: all its events exist
     when it is created, and a retrieval replays them. It counts as running
-    (``in_progress``) until a client has read its terminal event; a cancel
+    (``in_progress``) until the server has sent its terminal event; a cancel
     before that makes it ``cancelled``, and a streamed retrieval of a cancelled
     response sends no more events and ends without a terminal one.
 

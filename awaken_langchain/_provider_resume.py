@@ -1,0 +1,340 @@
+"""Lossless resume of an OpenAI Responses stream that the provider keeps running.
+
+With ``RecoveringChatModel(provider_resume=True)`` and an inner ``ChatOpenAI`` on
+the Responses API, a turn's response is created in background mode
+(``background=True``, ``store=True``): the provider keeps generating when the
+connection drops, numbers every stream event (``sequence_number``) and replays
+the stream from any event (``responses.retrieve(id, stream=True,
+starting_after=N)``). An interrupted turn then resumes the provider's stream
+after the last event the caller received: nothing is generated again, and the
+caller's stream goes on with no repeated and no missing event.
+
+LangChain's chunks carry neither the sequence numbers nor (after the first) the
+response id, so a turn in this mode drives the openai SDK itself and converts
+each event with langchain-openai's own converter, keeping the converter's
+position (content index, output index, sub-index) across the reconnection.
+This relies on private parts of langchain-openai, pinned by the tests in
+``tests/test_provider_resume.py``: ``BaseChatOpenAI._get_request_payload``,
+``root_client``/``root_async_client`` and
+``langchain_openai.chat_models.base._convert_responses_chunk_to_generation_chunk``.
+
+A replacement process (after a crash) knows the response id and the sequence
+number of the last event the checkpoint holds. It reads the response's events
+again from the first (the provider replays them; nothing is generated) to
+rebuild the exact state of blocks and tool calls still arriving, and shows the
+caller only the events after that number.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.errors import StreamEndedEarlyError
+
+__all__ = [
+    "ProviderStream",
+    "ProviderStreamGoneError",
+    "provider_resume_problem",
+]
+
+logger = logging.getLogger("awaken_langchain")
+
+_TERMINAL = ("response.completed", "response.incomplete")
+_FAILED = ("response.failed", "error")
+
+
+class ProviderStreamGoneError(StreamEndedEarlyError):
+    """The provider no longer has the interrupted response's stream.
+
+    The response is unknown (404), expired, failed or cancelled, so its stream
+    cannot be resumed: the turn is continued from its prefix instead (a new
+    request), like a dropped connection.
+    """
+
+    def __init__(self, response_id: str, reason: str) -> None:
+        self.chunks_received = 0
+        self.response_id = response_id
+        self.reason = reason
+        Exception.__init__(
+            self,
+            f"the provider cannot resume response {response_id!r} ({reason}); the turn "
+            "is continued from its prefix instead",
+        )
+
+
+def provider_resume_problem(model: BaseChatModel) -> str | None:
+    """Why ``model`` cannot resume a stream at the provider, or ``None`` when it can."""
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError:  # pragma: no cover - langchain-openai is the only provider with it
+        return "provider_resume=True needs langchain-openai (pip install langchain-openai)"
+    if not isinstance(model, ChatOpenAI):
+        return (
+            "provider_resume=True needs an inner ChatOpenAI on the Responses API "
+            f"(ChatOpenAI(use_responses_api=True)), not {type(model).__name__}; "
+            "leave provider_resume=False to continue interrupted turns by prompt"
+        )
+    if not model._use_responses_api(dict(model.model_kwargs)):
+        return (
+            "provider_resume=True needs ChatOpenAI(use_responses_api=True): the Chat "
+            "Completions API cannot resume a stream; leave provider_resume=False to continue "
+            "interrupted turns by prompt"
+        )
+    if model.include_response_headers:
+        return (
+            "provider_resume=True does not report response headers; "
+            "set ChatOpenAI(include_response_headers=False)"
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Position:
+    """Where the converter stands after an event (its arguments that carry state)."""
+
+    sequence_number: int | None = None
+    index: int = -1
+    output_index: int = -1
+    sub_index: int = -1
+    has_reasoning: bool = False
+    item_output_indices: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(slots=True)
+class ProviderStream:
+    """One turn's background response: its id and how far the caller has read it.
+
+    The reader (possibly a worker thread ahead of the caller) converts events
+    and queues each chunk with the converter position after its event; the turn
+    engine reports each chunk it takes (`fed`), so ``delivered`` is always the
+    position of the last event whose output the caller holds. A resume starts
+    from there.
+    """
+
+    response_id: str | None = None
+    whole_turn: bool = True
+    """The response holds the whole turn (no continuation came before it), so a
+    replacement process can rebuild the turn from the response alone."""
+    replay_until: int | None = None
+    """Rebuilding in a replacement process: events up to this number are fed
+    silently (the checkpoint already showed them)."""
+    delivered: _Position = field(default_factory=_Position)
+    resumes: int = 0
+    """Streams resumed at the provider in this turn."""
+    terminal: bool = False
+    """The response's terminal event was read."""
+    _resuming: bool = False
+    _pending: collections.deque[tuple[ChatGenerationChunk, _Position]] = field(
+        default_factory=collections.deque
+    )
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def resumable(self) -> bool:
+        """Whether a response exists whose stream can be resumed."""
+        return self.response_id is not None and not self.terminal
+
+    @property
+    def sequence_number(self) -> int | None:
+        """The number of the last event whose output the caller holds."""
+        return self.delivered.sequence_number
+
+    def adopt(self, response_id: str, sequence_number: int | None) -> None:
+        """Resume a response a previous process created (from its checkpoint)."""
+        self.response_id = response_id
+        self.replay_until = sequence_number
+        self.delivered = _Position()
+
+    def forget(self, *, whole_turn: bool) -> None:
+        """The response is gone (or never was): the next request creates a new one."""
+        self.response_id = None
+        self.whole_turn = whole_turn
+        self.replay_until = None
+        self.delivered = _Position()
+        self.terminal = False
+        self._pending.clear()
+
+    def fed(self, generation: ChatGenerationChunk) -> bool:
+        """The engine took ``generation``; return whether it is to be shown to the caller."""
+        while self._pending:
+            chunk, position = self._pending.popleft()
+            self.delivered = position
+            if chunk is generation:
+                break
+        until, seq = self.replay_until, self.delivered.sequence_number
+        if until is None:
+            return True
+        if seq is not None and seq >= until:
+            self.replay_until = None  # rebuilt: what follows is new to the caller
+        return seq is None or seq > until
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the turn is still rebuilt from events the checkpoint showed."""
+        return self.replay_until is not None
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _begin(self, *, resuming: bool) -> _Position:
+        self._pending.clear()
+        self._resuming = resuming
+        if resuming:
+            self.resumes += 1
+        return self.delivered
+
+    def _convert(
+        self, event: Any, position: _Position, schema: Any, output_version: str | None
+    ) -> tuple[_Position, ChatGenerationChunk | None]:
+        from langchain_openai.chat_models.base import (
+            _convert_responses_chunk_to_generation_chunk,
+        )
+
+        if self.response_id is None and event.type == "response.created":
+            self.response_id = event.response.id
+        if event.type in _FAILED and self._resuming:
+            raise ProviderStreamGoneError(str(self.response_id), f"the response {event.type[9:]}")
+        indices = dict(position.item_output_indices)
+        index, output_index, sub_index, chunk = _convert_responses_chunk_to_generation_chunk(
+            event,
+            position.index,
+            position.output_index,
+            position.sub_index,
+            schema=schema,
+            metadata={},
+            has_reasoning=position.has_reasoning,
+            output_version=output_version,
+            item_output_indices=indices,
+        )
+        has_reasoning = position.has_reasoning or (
+            chunk is not None and "reasoning" in chunk.message.additional_kwargs
+        )
+        if event.type in _TERMINAL:
+            self.terminal = True
+        after = _Position(
+            sequence_number=getattr(event, "sequence_number", position.sequence_number),
+            index=index,
+            output_index=output_index,
+            sub_index=sub_index,
+            has_reasoning=has_reasoning,
+            item_output_indices=tuple(indices.items()),
+        )
+        if chunk is not None:
+            self._pending.append((chunk, after))
+        return after, chunk
+
+    def _request(
+        self,
+        inner: BaseChatModel,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> dict[str, Any]:
+        payload: dict[str, Any] = getattr(inner, "_get_request_payload")(  # noqa: B009
+            messages, stop=stop, **{**kwargs, "stream": True}
+        )
+        return {**payload, "stream": True, "background": True, "store": True}
+
+    def _retrieval(self) -> dict[str, Any]:
+        after = self.delivered.sequence_number
+        return {"stream": True} if after is None else {"stream": True, "starting_after": after}
+
+    def _gone(self, exc: Exception) -> ProviderStreamGoneError | None:
+        import openai
+
+        if isinstance(exc, openai.NotFoundError):
+            return ProviderStreamGoneError(str(self.response_id), "not found or expired")
+        return None
+
+    def _ended(self) -> None:
+        """A stream ended: a resumed one without its terminal event is gone (cancelled)."""
+        if not self.terminal and self._resuming:
+            raise ProviderStreamGoneError(
+                str(self.response_id), "its stream ended without a terminal event (cancelled)"
+            )
+
+    def stream(
+        self,
+        inner: BaseChatModel,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> Iterator[ChatGenerationChunk]:
+        """Create the response, or resume its stream; yield the converted chunks."""
+        client = getattr(inner, "root_client")  # noqa: B009
+        schema, version = kwargs.get("response_format"), inner.output_version
+        position = self._begin(resuming=self.response_id is not None)
+        if self.response_id is None:
+            events = client.responses.create(**self._request(inner, messages, stop, kwargs))
+        else:
+            try:
+                events = client.responses.retrieve(self.response_id, **self._retrieval())
+            except Exception as exc:
+                raise (self._gone(exc) or exc) from exc
+        with events:
+            for event in events:
+                position, chunk = self._convert(event, position, schema, version)
+                if chunk is not None:
+                    yield chunk
+        self._ended()
+
+    async def astream(
+        self,
+        inner: BaseChatModel,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        """Twin of `stream` on the async client."""
+        client = getattr(inner, "root_async_client")  # noqa: B009
+        schema, version = kwargs.get("response_format"), inner.output_version
+        position = self._begin(resuming=self.response_id is not None)
+        if self.response_id is None:
+            events = await client.responses.create(**self._request(inner, messages, stop, kwargs))
+        else:
+            try:
+                events = await client.responses.retrieve(self.response_id, **self._retrieval())
+            except Exception as exc:
+                raise (self._gone(exc) or exc) from exc
+        async with events:
+            async for event in events:
+                position, chunk = self._convert(event, position, schema, version)
+                if chunk is not None:
+                    yield chunk
+        self._ended()
+
+    # -- cancelling ----------------------------------------------------------------------
+
+    def cancel(self, inner: BaseChatModel) -> str | None:
+        """Cancel the running response (best effort); return its id when a cancel was sent."""
+        response_id = self._cancelling()
+        if response_id is None:
+            return None
+        with contextlib.suppress(Exception):
+            getattr(inner, "root_client").responses.cancel(response_id)  # noqa: B009
+        return response_id
+
+    async def acancel(self, inner: BaseChatModel) -> str | None:
+        """Twin of `cancel` on the async client."""
+        response_id = self._cancelling()
+        if response_id is None:
+            return None
+        with contextlib.suppress(Exception):
+            await getattr(inner, "root_async_client").responses.cancel(response_id)  # noqa: B009
+        return response_id
+
+    def _cancelling(self) -> str | None:
+        if not self.resumable:
+            return None
+        response_id = self.response_id
+        self.forget(whole_turn=self.whole_turn)
+        return response_id

@@ -1,0 +1,332 @@
+"""Provider resume: an interrupted Responses stream goes on at the provider, losslessly.
+
+Through the real openai SDK and ``ChatOpenAI(use_responses_api=True)`` talking to
+the loopback provider in background mode. What the caller sees is compared with
+the bare model's uncut answer to the same scenario (each on a fresh server, so
+item ids match), and the server's records say how many generations ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+from urllib.parse import parse_qs
+
+import pytest
+from langchain_core.messages import AIMessageChunk
+from langchain_openai import ChatOpenAI
+
+from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamInterruptedError
+from awaken_langchain.testing import (
+    Fault,
+    LoopbackProvider,
+    Scenario,
+    ScriptedChatModel,
+    ScriptedThinking,
+    ScriptedToolCall,
+    TokenUsage,
+    continuation_responder,
+)
+from awaken_langchain.testing._wire import ResponseContext, responses_frames
+from awaken_langchain.testing.server import RecordedRequest
+from tests.conftest import Drive
+
+MODEL = "gpt-5-mini"
+TEXT = "Paris is the capital of France, and it sits on the Seine. " * 3
+REASONING = "The user asks about France; its capital is Paris, on the Seine."
+CALL = ScriptedToolCall("get_weather", {"city": "Paris", "unit": "celsius", "days": 3})
+FULL = Scenario(text=TEXT, thinking=[ScriptedThinking(REASONING)], tool_calls=[CALL], chunk_size=7)
+
+
+async def _no_wait(_seconds: float) -> None:
+    return None
+
+
+NO_WAIT = RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait)
+
+
+def chat(server: LoopbackProvider, **kwargs: Any) -> ChatOpenAI:
+    return ChatOpenAI(
+        model=MODEL,
+        base_url=server.base_url_openai,
+        api_key="x",
+        max_retries=0,
+        use_responses_api=True,
+        **kwargs,
+    )
+
+
+def wrapped(server: LoopbackProvider, **kwargs: Any) -> RecoveringChatModel:
+    kwargs.setdefault("retry_policy", NO_WAIT)
+    return RecoveringChatModel(model=chat(server), provider_resume=True, **kwargs)
+
+
+def merge(chunks: list[Any]) -> AIMessageChunk:
+    merged = chunks[0]
+    for chunk in chunks[1:]:
+        merged = merged + chunk
+    assert isinstance(merged, AIMessageChunk)
+    return merged
+
+
+def after(scenario: Scenario, event_type: str, nth: int = 1) -> int:
+    """How many events precede the cut just after the ``nth`` event of ``event_type``."""
+    ctx = ResponseContext(number=1, model=MODEL, usage=TokenUsage(input_tokens=1, output_tokens=1))
+    frames = responses_frames(scenario, ctx)
+    seen = 0
+    for i, frame in enumerate(frames):
+        if f"event: {event_type}\n".encode() in frame.data:
+            seen += 1
+            if seen == nth:
+                return i + 1
+    raise AssertionError(f"no {nth}th {event_type} event")
+
+
+def uncut(scenario: Scenario) -> list[Any]:
+    """The bare model's chunks for ``scenario`` without a fault (request 1 of a fresh server)."""
+    with LoopbackProvider([dataclasses.replace(scenario, fault=None, resume_faults=())]) as server:
+        return list(chat(server).stream("What is the capital of France?"))
+
+
+def answer(message: AIMessageChunk) -> dict[str, Any]:
+    """What a caller reads from a message, without the wrapper's own report."""
+    metadata = {k: v for k, v in message.response_metadata.items() if k != "awaken"}
+    return {
+        "content": message.content,
+        "tool_calls": message.tool_calls,
+        "invalid_tool_calls": message.invalid_tool_calls,
+        "additional_kwargs": message.additional_kwargs,
+        "usage": message.usage_metadata,
+        "response_metadata": metadata,
+    }
+
+
+def starting_after(request: RecordedRequest) -> int | None:
+    """The event number a retrieval resumes after (``None``: from the first event)."""
+    query = parse_qs(request.query)
+    assert query["stream"] == ["true"]
+    return int(query["starting_after"][0]) if "starting_after" in query else None
+
+
+def text_of(chunks: list[Any]) -> str:
+    return "".join(c.text for c in chunks)
+
+
+async def recovered(drive: Drive, scenario: Scenario, **kwargs: Any) -> tuple[list[Any], Any]:
+    """The wrapped model's chunks for ``scenario`` (request 1 of a fresh server), and the server."""
+    server = LoopbackProvider([scenario]).start()
+    try:
+        chunks = await drive.stream(wrapped(server, **kwargs), "What is the capital of France?")
+    finally:
+        server.stop()
+    assert not server.errors
+    return chunks, server
+
+
+def assert_lossless(chunks: list[Any], scenario: Scenario) -> None:
+    bare = uncut(scenario)
+    assert text_of(chunks) == text_of(bare)
+    assert answer(merge(chunks)) == answer(merge(bare))
+
+
+# -- construction -----------------------------------------------------------------------
+
+
+def test_provider_resume_refuses_a_model_that_is_not_chat_openai() -> None:
+    with pytest.raises(ValueError, match="needs an inner ChatOpenAI on the Responses API"):
+        RecoveringChatModel(model=ScriptedChatModel(script=[]), provider_resume=True)
+
+
+def test_provider_resume_refuses_chat_openai_on_chat_completions(
+    loopback_provider: LoopbackProvider,
+) -> None:
+    model = ChatOpenAI(model="gpt-4o-mini", base_url=loopback_provider.base_url_openai, api_key="x")
+    with pytest.raises(ValueError, match="use_responses_api=True"):
+        RecoveringChatModel(model=model, provider_resume=True)
+
+
+# -- one process -----------------------------------------------------------------------
+
+
+async def test_without_a_fault_the_answer_equals_the_bare_model_and_runs_in_background(
+    drive: Drive,
+) -> None:
+    chunks, server = await recovered(drive, FULL)
+    assert_lossless(chunks, FULL)
+    (created,) = server.requests_for("openai-responses")
+    assert created.body["background"] is True
+    assert created.body["store"] is True
+    assert server.retrievals() == []
+    assert server.cancellations() == []
+    awaken = merge(chunks).response_metadata["awaken"]
+    assert awaken["provider_resumes"] == 0
+    assert awaken["provider_response_id"] == "resp_loopback_1"
+
+
+@pytest.mark.parametrize(
+    ("where", "nth"),
+    [
+        ("response.output_text.delta", 5),
+        ("response.function_call_arguments.delta", 3),
+        ("response.reasoning_summary_text.delta", 4),
+        ("response.created", 1),
+    ],
+    ids=["mid-text", "mid-call-arguments", "mid-reasoning", "before-output"],
+)
+async def test_drop_resumes_the_provider_stream_with_no_new_generation(
+    drive: Drive, where: str, nth: int
+) -> None:
+    cut = after(FULL, where, nth)
+    chunks, server = await recovered(
+        drive, dataclasses.replace(FULL, fault=Fault.drop_after_events(cut))
+    )
+    assert_lossless(chunks, FULL)
+    assert len(server.requests_for("openai-responses")) == 1  # one generation, never repeated
+    (retrieval,) = server.retrievals()
+    assert starting_after(retrieval) == cut - 1
+    awaken = merge(chunks).response_metadata["awaken"]
+    assert awaken["plans"] == ["provider_resume"]
+    assert awaken["provider_resumes"] == 1
+    assert awaken["continuations"] == 0
+    assert awaken["regenerated_output_tokens"] == 0
+    assert server.cancellations() == []
+
+
+async def test_two_drops_in_one_turn_resume_twice_from_the_last_event(drive: Drive) -> None:
+    first = after(FULL, "response.reasoning_summary_text.delta", 2)
+    second = after(FULL, "response.output_text.delta", 3) - first
+    scenario = dataclasses.replace(
+        FULL,
+        fault=Fault.drop_after_events(first),
+        resume_faults=[Fault.drop_after_events(second)],
+    )
+    chunks, server = await recovered(drive, scenario)
+    assert_lossless(chunks, FULL)
+    assert len(server.requests_for("openai-responses")) == 1
+    assert [starting_after(r) for r in server.retrievals()] == [first - 1, first + second - 1]
+    awaken = merge(chunks).response_metadata["awaken"]
+    assert awaken["provider_resumes"] == 2
+    assert awaken["regenerated_output_tokens"] == 0
+
+
+async def test_resume_after_the_response_completed_replays_the_rest(drive: Drive) -> None:
+    # the drop comes after the last text, while the provider finished long ago
+    cut = after(FULL, "response.output_item.done", 3)
+    chunks, server = await recovered(
+        drive, dataclasses.replace(FULL, fault=Fault.drop_after_events(cut))
+    )
+    assert_lossless(chunks, FULL)
+    assert len(server.requests_for("openai-responses")) == 1
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_expired_response_is_continued_by_prompt(drive: Drive) -> None:
+    clock = Clock()
+    answer_ = Scenario(text=TEXT, chunk_size=7)
+
+    def expire(_seconds: float) -> None:
+        clock.now += 3600.0  # the backoff outlasts the provider's retention
+
+    async def aexpire(seconds: float) -> None:
+        expire(seconds)
+
+    policy = RetryPolicy(sleep=expire, async_sleep=aexpire, jitter=0.0)
+    cut = after(answer_, "response.output_text.delta", 4)
+    with LoopbackProvider(
+        [dataclasses.replace(answer_, fault=Fault.drop_after_events(cut))],
+        default=continuation_responder(answer_),
+        clock=clock,
+        background_ttl=600.0,
+    ) as server:
+        chunks = await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+    assert text_of(chunks) == TEXT
+    assert len(server.requests_for("openai-responses")) == 2  # the continuation
+    assert len(server.retrievals()) == 1
+    awaken = merge(chunks).response_metadata["awaken"]
+    assert awaken["plans"] == ["provider_resume", "R1"]
+    assert awaken["continuations"] == 1
+
+
+async def test_cancelled_response_is_continued_by_prompt(drive: Drive) -> None:
+    answer_ = Scenario(text=TEXT, chunk_size=7)
+    holder: dict[str, LoopbackProvider] = {}
+
+    def cancel_meanwhile(_seconds: float) -> None:
+        kept = holder["server"].background_response("resp_loopback_1")
+        assert kept is not None
+        kept.status = "cancelled"
+
+    async def acancel_meanwhile(seconds: float) -> None:
+        cancel_meanwhile(seconds)
+
+    policy = RetryPolicy(sleep=cancel_meanwhile, async_sleep=acancel_meanwhile)
+    cut = after(answer_, "response.output_text.delta", 2)
+    with LoopbackProvider(
+        [dataclasses.replace(answer_, fault=Fault.drop_after_events(cut))],
+        default=continuation_responder(answer_),
+    ) as server:
+        holder["server"] = server
+        chunks = await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+    assert text_of(chunks) == TEXT
+    assert len(server.requests_for("openai-responses")) == 2
+    assert merge(chunks).response_metadata["awaken"]["plans"] == ["provider_resume", "R1"]
+
+
+# -- cancelling what nobody will read ---------------------------------------------------
+
+
+async def test_abandoned_turn_cancels_its_background_response(drive: Drive) -> None:
+    paced = dataclasses.replace(FULL, delay=0.02)  # the provider is still generating
+    with LoopbackProvider([paced]) as server:
+        chunks = drive.iterate(wrapped(server), "Capital?")
+        await anext(chunks)
+        await chunks.aclose()
+        (cancel,) = server.cancellations()
+    assert cancel.path == "/v1/responses/resp_loopback_1/cancel"
+    kept = server.background_response("resp_loopback_1")
+    assert kept is not None
+    assert kept.status == "cancelled"
+
+
+async def test_cancelled_task_cancels_its_background_response() -> None:
+    paced = dataclasses.replace(FULL, delay=0.02)
+    with LoopbackProvider([paced]) as server:
+        model = wrapped(server)
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for _chunk in model.astream("Capital?"):
+                first.set()
+
+        task = asyncio.create_task(read())
+        await first.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert [r.path for r in server.cancellations()] == ["/v1/responses/resp_loopback_1/cancel"]
+
+
+async def test_spent_budget_cancels_its_background_response(drive: Drive) -> None:
+    cut = after(FULL, "response.output_text.delta", 2)
+    policy = dataclasses.replace(NO_WAIT, max_continuations=0)
+    with LoopbackProvider(
+        [dataclasses.replace(FULL, fault=Fault.drop_after_events(cut))]
+    ) as server:
+        with pytest.raises(StreamInterruptedError):
+            await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+        assert len(server.cancellations()) == 1
+        assert server.retrievals() == []
+
+
+async def test_finished_turn_cancels_nothing(drive: Drive) -> None:
+    chunks, server = await recovered(drive, FULL)
+    assert chunks
+    assert server.cancellations() == []
