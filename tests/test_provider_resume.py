@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import multiprocessing
+import os
+import signal
+import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -17,7 +23,15 @@ import pytest
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
-from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamInterruptedError
+from awaken_langchain import (
+    DiskCacheStreamCheckpointStore,
+    InMemoryStreamCheckpointStore,
+    RecoveringChatModel,
+    RetryPolicy,
+    StreamCheckpoint,
+    StreamInterruptedError,
+)
+from awaken_langchain.checkpoint import decode_checkpoint, encode_checkpoint
 from awaken_langchain.testing import (
     Fault,
     LoopbackProvider,
@@ -30,6 +44,7 @@ from awaken_langchain.testing import (
 )
 from awaken_langchain.testing._wire import ResponseContext, responses_frames
 from awaken_langchain.testing.server import RecordedRequest
+from tests import provider_resume_child
 from tests.conftest import Drive
 
 MODEL = "gpt-5-mini"
@@ -330,3 +345,133 @@ async def test_finished_turn_cancels_nothing(drive: Drive) -> None:
     chunks, server = await recovered(drive, FULL)
     assert chunks
     assert server.cancellations() == []
+
+
+# -- a replacement process --------------------------------------------------------------
+
+
+def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens: int) -> str:
+    """Run the worker until it has streamed ``tokens`` chunks and checkpointed a response
+    id, then SIGKILL it; return the text it had shown."""
+    context = multiprocessing.get_context("spawn")
+    conn, child_end = context.Pipe()
+    process = context.Process(
+        target=provider_resume_child.worker,
+        args=(server.base_url_openai, str(directory), run_id, child_end),
+        daemon=True,
+    )
+    process.start()
+    child_end.close()
+    shown = []
+    store = DiskCacheStreamCheckpointStore(directory)
+    try:
+        while True:
+            assert conn.poll(30), "the worker sent nothing for 30 s"
+            event = conn.recv()
+            assert event["event"] == "token", "the worker finished before it was killed"
+            shown.append(event["text"])
+            if len(shown) >= tokens:
+                saved = store.get(run_id)
+                if saved is not None and saved.provider_response_id and saved.partial_text:
+                    break
+        os.kill(process.pid or 0, signal.SIGKILL)
+        process.join(30)
+        assert process.exitcode == -signal.SIGKILL
+    finally:
+        conn.close()
+        store.close()
+    return "".join(shown)
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "checkpoints"
+
+
+async def test_killed_worker_is_finished_by_a_fresh_process_without_a_new_generation(
+    drive: Drive, store_dir: Path
+) -> None:
+    run_id = str(uuid.uuid4())
+    paced = dataclasses.replace(FULL, delay=0.02)
+    with LoopbackProvider([paced]) as server:
+        shown = kill_mid_turn(server, store_dir, run_id, tokens=12)
+        assert shown
+        assert TEXT.startswith(shown)
+        store = DiskCacheStreamCheckpointStore(store_dir)
+        saved = store.get(run_id)
+        assert saved is not None
+        model = wrapped(server, store=store)
+        chunks = await drive.stream(
+            model, provider_resume_child.QUESTION, config={"run_id": uuid.UUID(run_id)}
+        )
+        store.close()
+    assert server.errors == []
+    assert len(server.requests_for("openai-responses")) == 1  # zero new generations
+    assert [starting_after(r) for r in server.retrievals()] == [None]  # read again, not rerun
+    assert server.cancellations() == []
+    assert_lossless(chunks, paced)
+    awaken = merge(chunks).response_metadata["awaken"]
+    assert awaken["resumed"] is True
+    assert awaken["plans"] == ["provider_resume"]
+    assert awaken["regenerated_output_tokens"] == 0
+
+
+async def test_killed_worker_whose_response_expired_is_continued_by_prompt(
+    drive: Drive, store_dir: Path
+) -> None:
+    run_id = str(uuid.uuid4())
+    clock = Clock()
+    answer_ = Scenario(text=TEXT, chunk_size=7, delay=0.02)
+    with LoopbackProvider(
+        [answer_], default=continuation_responder(answer_), clock=clock, background_ttl=600.0
+    ) as server:
+        kill_mid_turn(server, store_dir, run_id, tokens=6)
+        clock.now += 601.0
+        store = DiskCacheStreamCheckpointStore(store_dir)
+        model = wrapped(server, store=store)
+        chunks = await drive.stream(
+            model, provider_resume_child.QUESTION, config={"run_id": uuid.UUID(run_id)}
+        )
+        store.close()
+    assert text_of(chunks) == TEXT
+    assert len(server.requests_for("openai-responses")) == 2  # the continuation
+    assert len(server.retrievals()) == 1  # answered 404
+    assert merge(chunks).response_metadata["awaken"]["plans"] == ["provider_resume", "R1"]
+
+
+async def test_checkpoint_without_a_response_id_is_continued_by_prompt(drive: Drive) -> None:
+    answer_ = Scenario(text=TEXT, chunk_size=7)
+    store = InMemoryStreamCheckpointStore()
+    run_id = str(uuid.uuid4())
+    with LoopbackProvider(default=continuation_responder(answer_)) as server:
+        model = wrapped(server, store=store)
+        fingerprint_probe = await drive.stream(model, "Capital?", config={"run_id": uuid.uuid4()})
+        assert text_of(fingerprint_probe) == TEXT
+        server.reset()
+        # a record written without provider resume (or by an older release)
+        record = StreamCheckpoint(
+            run_id=run_id,
+            model=model._model_id(),
+            partial_text=TEXT[:40],
+            message_id="lc_run--prior",
+        )
+        store.put(record)
+        chunks = await drive.stream(model, "Capital?", config={"run_id": uuid.UUID(run_id)})
+    assert text_of(chunks) == TEXT
+    assert server.retrievals() == []
+    (continuation,) = server.requests_for("openai-responses")
+    prefix = continuation.messages[-2]
+    assert prefix["role"] == "assistant"
+    assert [part["text"] for part in prefix["content"]] == [TEXT[:40].rstrip()]
+    assert merge(chunks).response_metadata["awaken"]["plans"] == ["R1"]
+
+
+def test_checkpoint_keeps_the_response_id_and_sequence_number_and_reads_older_records() -> None:
+    record = StreamCheckpoint(
+        run_id="turn-1", provider_response_id="resp_1", provider_sequence_number=41
+    )
+    assert decode_checkpoint(encode_checkpoint(record)) == record
+    older = {"schema_version": 3, "run_id": "turn-1", "partial_text": "Paris"}
+    loaded = decode_checkpoint(json.dumps(older))
+    assert loaded.provider_response_id is None
+    assert loaded.provider_sequence_number is None
