@@ -85,7 +85,9 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             in-process only.
         **settings: Other `RecoveringChatModel` settings
             (``stream_idle_timeout``, ``checkpoint_every_chunks``,
-            ``continuation_prompt``, ...).
+            ``continuation_prompt``, ``provider_resume``, ...), given to every
+            wrapper built. With ``provider_resume=True`` the agent's model must be
+            ``ChatOpenAI(use_responses_api=True)``.
 
     Raises:
         ValueError: If a setting is not a `RecoveringChatModel` setting (inner

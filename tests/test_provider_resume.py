@@ -20,7 +20,9 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import pytest
-from langchain_core.messages import AIMessageChunk
+from langchain.agents import create_agent
+from langchain_core.messages import AIMessageChunk, HumanMessage
+from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
 
 from awaken_langchain import (
@@ -32,6 +34,7 @@ from awaken_langchain import (
     StreamInterruptedError,
 )
 from awaken_langchain.checkpoint import decode_checkpoint, encode_checkpoint
+from awaken_langchain.middleware import StreamRecoveryMiddleware
 from awaken_langchain.testing import (
     Fault,
     LoopbackProvider,
@@ -475,3 +478,36 @@ def test_checkpoint_keeps_the_response_id_and_sequence_number_and_reads_older_re
     loaded = decode_checkpoint(json.dumps(older))
     assert loaded.provider_response_id is None
     assert loaded.provider_sequence_number is None
+
+
+# -- agents -------------------------------------------------------------------------------
+
+
+async def test_middleware_forwards_provider_resume_to_the_agents_model(drive: Drive) -> None:
+    @tool
+    def get_weather(city: str, unit: str, days: int) -> str:
+        """The weather forecast for a city."""
+        return f"Sunny in {city} for {days} days"
+
+    calls = Scenario(tool_calls=[CALL], chunk_size=7)
+    cut = after(calls, "response.function_call_arguments.delta", 2)
+    with LoopbackProvider(
+        [dataclasses.replace(calls, fault=Fault.drop_after_events(cut)), Scenario(text=TEXT)]
+    ) as server:
+        agent = create_agent(
+            chat(server),
+            [get_weather],
+            middleware=[StreamRecoveryMiddleware(retry_policy=NO_WAIT, provider_resume=True)],
+        )
+        state = {"messages": [HumanMessage("Weather in Paris?")]}
+        if drive.mode == "sync":
+            thread = agent.invoke(state)["messages"]
+        else:
+            thread = (await agent.ainvoke(state))["messages"]
+    assert [c["args"] for c in thread[1].tool_calls] == [
+        {"city": "Paris", "unit": "celsius", "days": 3}
+    ]
+    assert thread[2].content == "Sunny in Paris for 3 days"
+    assert thread[-1].text == TEXT
+    assert len(server.requests_for("openai-responses")) == 2  # two turns, no recovery request
+    assert len(server.retrievals()) == 1
