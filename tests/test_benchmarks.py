@@ -89,11 +89,14 @@ def test_wasted_work_benchmark_counts_what_each_strategy_made_the_provider_gener
     rows = wasted_work.main(tokens=100, fractions=(0.5,), delay=0.0)
 
     by_strategy = {r.strategy: r for r in rows}
+    assert by_strategy["provider resume"].generated_tokens == 100
     assert by_strategy["continuation"].generated_tokens == 100
+    assert by_strategy["continuation"].resent_tokens == 50
     assert by_strategy["restart"].generated_tokens == 150
     assert by_strategy["no recovery"].generated_tokens == 50
-    assert [by_strategy[s].complete for s in wasted_work.STRATEGIES] == [True, True, False]
-    assert [by_strategy[s].requests for s in wasted_work.STRATEGIES] == [2, 2, 1]
+    assert [by_strategy[s].complete for s in wasted_work.STRATEGIES] == [True, True, True, False]
+    # provider resume: one creation and one retrieval, no second generation
+    assert [by_strategy[s].requests for s in wasted_work.STRATEGIES] == [2, 2, 2, 1]
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import httpx2
@@ -550,3 +551,16 @@ def test_background_mode_requires_store(server: LoopbackProvider) -> None:
     server.enqueue(Scenario(text=TEXT))
     with pytest.raises(openai.BadRequestError, match="store"):
         create(server, stream=True, background=True, store=False)
+
+
+def test_retrieval_sends_events_no_sooner_than_the_response_generates_them(
+    server: LoopbackProvider,
+) -> None:
+    paced = Scenario(text=TEXT, delay=0.02, fault=Fault.drop_after_events(3))
+    response_id, _ = cut_background(server, paced)
+    kept = server.background_response(response_id)
+    assert kept is not None
+    events = list(client(server).responses.retrieve(response_id, stream=True, starting_after=2))
+    last = events[-1].sequence_number
+    assert last == len(kept.frames) - 1
+    assert time.monotonic() >= kept.started + last * paced.delay  # generated at its pace

@@ -230,9 +230,12 @@ BACKGROUND_TTL = 600.0
 class BackgroundResponse:
     """A Responses API response created with ``background: true``, kept by the server.
 
-    The loopback provider generates a response at once: all its events exist
-    when it is created, and a retrieval replays them. It counts as running
-    (``in_progress``) until the server has sent its terminal event; a cancel
+    The loopback provider renders a response's events when it is created and
+    generates them at the scenario's pace (``Scenario.delay`` per event, from
+    ``started``) whether or not a client reads them: a retrieval sends the
+    events generated so far at once and the others as they are generated. It
+    counts as running (``in_progress``) until the server has sent its terminal
+    event; a cancel
     before that makes it ``cancelled``, and a streamed retrieval of a cancelled
     response sends no more events and ends without a terminal one.
 
@@ -241,7 +244,8 @@ class BackgroundResponse:
         number: The number of the request that created it.
         frames: Every event of the response, as rendered.
         scenario: The scenario that answers it.
-        created_at: The server clock's reading at creation.
+        created_at: The server clock's reading at creation (for expiry).
+        started: ``time.monotonic()`` at creation (for the generation pace).
         status: ``in_progress``, ``completed``, ``incomplete`` or ``cancelled``.
         retrievals: Streamed retrievals so far.
     """
@@ -252,6 +256,7 @@ class BackgroundResponse:
     scenario: Scenario
     ctx: ResponseContext
     created_at: float
+    started: float = 0.0
     status: str = "in_progress"
     retrievals: int = 0
 
@@ -997,6 +1002,7 @@ class _Handler(BaseHTTPRequestHandler):
                 scenario=scenario,
                 ctx=ctx,
                 created_at=self.provider.clock(),
+                started=time.monotonic(),
             )
             self.provider._keep(kept)
         if request.stream:
@@ -1053,7 +1059,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(fault.status, error, "openai-responses", headers)
             return
         frames = [] if kept.status == "cancelled" else kept.frames[after + 1 :]
-        self._send_frames(plan_stream(frames, fault), headers, kept.ctx.number, kept)
+        steps = _generated_pace(plan_stream(frames, fault), kept, after + 1)
+        self._send_frames(steps, headers, kept.ctx.number, kept)
 
     @staticmethod
     def _state(kept: BackgroundResponse) -> dict[str, Any]:
@@ -1088,9 +1095,17 @@ class _Handler(BaseHTTPRequestHandler):
                 extra = error_frame(provider, body, sequence_number=sequence_number)
         elif fault is not None and fault.kind is FaultKind.MALFORMED_SSE:
             extra = malformed_frame(provider)
-        steps = plan_stream(
-            frames, fault, delay=scenario.delay, extra=extra, keepalive=keepalive_frame(provider)
-        )
+        if kept is not None:  # generated on the provider's schedule, read or not
+            steps = plan_stream(frames, fault, extra=extra, keepalive=keepalive_frame(provider))
+            steps = _generated_pace(steps, kept, 0)
+        else:
+            steps = plan_stream(
+                frames,
+                fault,
+                delay=scenario.delay,
+                extra=extra,
+                keepalive=keepalive_frame(provider),
+            )
         self._send_frames(steps, headers, ctx.number, kept)
 
     def _send_frames(
@@ -1284,6 +1299,24 @@ def _provider_for(method: str, path: str) -> Provider | None:
     if path.endswith("/v1/responses"):
         return "openai-responses"
     return None
+
+
+def _generated_pace(steps: list[_Step], kept: BackgroundResponse, first: int) -> list[_Step]:
+    """Hold back each frame of a retrieval until the response has generated it."""
+    delay = kept.scenario.delay
+    if not delay:
+        return steps
+    paced: list[_Step] = []
+    at, number = time.monotonic(), first
+    for step in steps:
+        if isinstance(step, _Write):
+            ready = kept.started + number * delay
+            if ready > at:
+                paced.append(_Pause(ready - at))
+                at = ready
+            number += 1
+        paced.append(step)
+    return paced
 
 
 _BACKGROUND_PATH = re.compile(r"/v1/responses/(?P<id>[^/]+)(?:/(?P<action>cancel))?/?$")
