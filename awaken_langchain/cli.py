@@ -624,8 +624,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--steps",
-        default="a,b,c,d",
-        help="which steps to run, comma-separated (default a,b,c,d)",
+        default="a,b,c,d,e",
+        help="which steps to run, comma-separated (default a,b,c,d,e)",
     )
     demo.add_argument(
         "--inject-failure",

@@ -4,13 +4,18 @@ A LangGraph agent (``create_agent``) with a SQLite-backed memory talks through
 the real ``ChatOpenAI`` (or ``ChatAnthropic``) client, wrapped in
 :class:`~awaken_langchain.RecoveringChatModel` with the embedded
 :class:`~awaken_langchain.DiskCacheStreamCheckpointStore`, to the loopback
-provider server. Four turns each meet one failure:
+provider server. Five turns each meet one failure:
 
 a. a 429 with a retry hint before any output: retried after the hint;
 b. a connection drop mid-answer: continued, with no repeated text;
 c. a tool call cut off mid-arguments: not executed, re-issued, run once;
 d. a process replacement: a worker process is killed with SIGKILL mid-stream
-   and a fresh worker finishes the same turn from the checkpoint.
+   and a fresh worker finishes the same turn from the checkpoint;
+e. a connection drop under the OpenAI Responses API with ``provider_resume=True``:
+   the provider keeps generating the background response, and the wrapper
+   resumes its stream after the last event received (one model call outside
+   the agent, with the real ``ChatOpenAI(use_responses_api=True)``, whatever
+   ``--provider`` says).
 
 Every claim is then checked against facts (the requests the server recorded,
 the text received, the tool's log, the memory's messages), and the demo fails
@@ -52,12 +57,14 @@ from awaken_langchain._session import (
     Agent,
     Record,
     Screen,
+    TurnReporter,
     assemble_agent,
     private_directory,
     run_turn,
     thread_messages,
 )
 from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT, estimate_tokens
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.testing.server import (
@@ -74,7 +81,7 @@ DemoProvider = Literal["openai", "anthropic"]
 MODEL_NAMES: dict[str, str] = {"openai": "gpt-4o-mini", "anthropic": "claude-sonnet-5"}
 """The model name each client asks the loopback provider for."""
 
-STEPS = ("a", "b", "c", "d")
+STEPS = ("a", "b", "c", "d", "e")
 """The demo's steps, in order."""
 
 FAILURES = ("retry", "continuation", "tool", "replacement")
@@ -132,6 +139,18 @@ A_REPLACE = (
     "messages, and secrets such as API keys or request headers are never written at all. "
     "When the turn completes and memory has it, the checkpoint is deleted."
 )
+Q_RESUME = "Why can the Responses API resume a broken stream without generating it again?"
+A_RESUME = (
+    "A response created in background mode keeps running at the provider when the client's "
+    "connection drops, and every event of its stream carries a sequence number. The client "
+    "remembers the number of the last event it received and asks for the same stream again, "
+    "starting after that event. The provider replays what it already generated and goes on "
+    "from there, so nothing is generated twice and nothing is sent twice."
+)
+RESPONSES_MODEL = "gpt-5-mini"
+"""The model name step e asks the loopback provider for, on the Responses API."""
+_RESPONSES_EVENTS_BEFORE_TEXT = 4
+"""Responses API events before the first text delta (created, in_progress, item and part added)."""
 
 
 # -- the scripted model behind the loopback server ------------------------------------------
@@ -646,6 +665,7 @@ class Demo:
                     after_tool=A_AFTER_TOOL,
                 ),
                 Q_REPLACE: _Turn(A_REPLACE),
+                Q_RESUME: _Turn(A_RESUME),
             },
             chunk_size=CHUNK_SIZE,
             delay=EVENT_DELAY / self.speed,
@@ -697,6 +717,7 @@ class Demo:
                     "b": self.step_drop,
                     "c": self.step_tool,
                     "d": self.step_replacement,
+                    "e": self.step_provider_resume,
                 }
                 for name in self.settings.steps:
                     result = StepResult(name, _TITLES[name])
@@ -1055,6 +1076,93 @@ class Demo:
         result.restart_tokens = estimate_tokens(shown)
         result.regenerated_tokens = estimate_tokens(max(0, shown - len(saved))) + seam
 
+    # -- step e ------------------------------------------------------------------------------
+
+    def step_provider_resume(self, result: StepResult) -> None:
+        """A drop on the Responses API: the provider's stream is resumed, nothing regenerated."""
+        from langchain_openai import ChatOpenAI
+
+        pieces = self.model.scenario(Q_RESUME).text_pieces()
+        self.model.schedule(
+            Q_RESUME, Fault.drop_after_events(_RESPONSES_EVENTS_BEFORE_TEXT + len(pieces) // 2)
+        )
+        self.screen.heading(
+            "e. the connection drops; the provider keeps the answer (provider_resume=True)",
+            "ChatOpenAI on the Responses API creates the response in background mode; the "
+            "connection drops halfway and the provider goes on generating. (One model call "
+            "outside the agent.)",
+        )
+        model = RecoveringChatModel(
+            model=ChatOpenAI(
+                model=RESPONSES_MODEL,
+                base_url=self.server.base_url_openai,
+                api_key="demo-key-not-a-secret",
+                max_retries=0,
+                use_responses_api=True,
+            ),
+            provider_resume=True,
+            retry_policy=demo_retry_policy(self.speed),
+        )
+
+        def sink(record: Record) -> None:
+            result.records.append(record)
+            if record.get("type") == "event" and record["name"] == "awaken_provider_resume":
+                data = record["data"]
+                self.screen.marker(
+                    "↻",
+                    f"awaken_provider_resume: {data.get('cause')} after "
+                    f"{data.get('chars_so_far')} characters; resuming response "
+                    f"{data.get('response_id')} after event {data.get('starting_after')}",
+                    "bold green",
+                )
+            else:
+                self.screen.record(record)
+
+        self.screen.user(Q_RESUME)
+        for _ in model.stream(Q_RESUME, config={"callbacks": [TurnReporter(sink)]}):
+            pass
+        self.screen.note("")
+
+    def verify_provider_resume(self, result: StepResult) -> None:
+        """Check step e against the facts."""
+        created = [r for r in result.requests if r.provider == "openai-responses"]
+        retrievals = [r for r in result.requests if r.method == "GET"]
+        first = created[0] if created else None
+        fault = first.scenario.fault if first is not None and first.scenario else None
+        resumes = result.events("awaken_provider_resume")
+        chars = int(resumes[0].get("chars_so_far") or 0) if resumes else 0
+        result.check(
+            "the connection dropped mid-answer while the provider kept the response running",
+            first is not None
+            and first.body.get("background") is True
+            and fault is not None
+            and fault.kind is FaultKind.DROP_AFTER_EVENTS
+            and 0 < chars < len(A_RESUME),
+            f"{chars} of {len(A_RESUME)} characters had arrived",
+        )
+        after = fault.count - 1 if fault is not None and fault.count is not None else None
+        result.check(
+            "the wrapper resumed the provider's stream after the last event it received",
+            len(retrievals) == 1
+            and f"starting_after={after}" in retrievals[0].query
+            and len(resumes) == 1
+            and resumes[0].get("starting_after") == after,
+            f"{len(retrievals)} retrieval(s), last event received: {after}",
+        )
+        regenerated = sum(int(m.get("regenerated_output_tokens", 0)) for m in result.awaken())
+        result.check(
+            "the provider generated the answer once: no second request, no token regenerated",
+            len(created) == 1 and regenerated == 0 and result.plans() == ["provider_resume"],
+            f"{len(created)} generation(s), {regenerated} tokens regenerated",
+        )
+        result.check(
+            "the answer reached the caller whole, with no repeated text",
+            result.text() == A_RESUME,
+            _difference(result.text(), A_RESUME),
+        )
+        result.restart_tokens = estimate_tokens(chars)
+        result.regenerated_tokens = regenerated
+
     # -- memory --------------------------------------------------------------------------------
 
     def check_memory(self) -> None:
@@ -1064,6 +1172,7 @@ class Demo:
             "b": self.verify_drop,
             "c": self.verify_tool,
             "d": self.verify_replacement,
+            "e": self.verify_provider_resume,
         }
         for result in self.results:
             if result.error is None:
@@ -1072,6 +1181,8 @@ class Demo:
         self.committed = thread_messages(self.agent, self.thread_id)
         expected: list[tuple[type[BaseMessage], str]] = []
         for step in self.settings.steps:
+            if step == "e":  # a model call outside the agent: not in its memory
+                continue
             question, answer = _STEP_TURNS[step]
             expected.append((HumanMessage, question))
             expected.append((AIMessage, answer))
@@ -1171,6 +1282,7 @@ _TITLES = {
     "b": "connection drop mid-answer",
     "c": "tool call cut mid-arguments",
     "d": "process replaced mid-stream",
+    "e": "drop resumed at the provider",
 }
 
 _SHORT_TITLES = {
@@ -1178,6 +1290,7 @@ _SHORT_TITLES = {
     "b": "dropped",
     "c": "tool cut",
     "d": "killed",
+    "e": "provider resume",
 }
 
 _STEP_TURNS = {
@@ -1185,6 +1298,7 @@ _STEP_TURNS = {
     "b": (Q_DROP, A_DROP),
     "c": (Q_TOOL, A_TOOL),
     "d": (Q_REPLACE, A_REPLACE),
+    "e": (Q_RESUME, A_RESUME),
 }
 
 
@@ -1243,6 +1357,8 @@ def run_demo(settings: DemoSettings, console: Console) -> bool:
         )
     require_agents("the demo")
     require_provider(settings.provider, f"the demo with --provider {settings.provider}")
+    if "e" in settings.steps:
+        require_provider("openai", "the demo's step e (the OpenAI Responses API)")
     if settings.directory.exists() and not settings.directory.is_dir():
         raise CommandError(f"--dir {settings.directory} exists and is not a directory")
     return Demo(settings, console).run()

@@ -124,8 +124,14 @@ def test_bad_arguments_exit_2_naming_the_problem(
 def test_demo_runs_end_to_end_and_every_claim_holds(provider: str, tmp_path: Path) -> None:
     status, out = run("demo", "--dir", str(tmp_path), "--provider", provider, "--speed", "40")
     assert status == 0, out
-    assert "All 21 claims verified." in out
-    for marker in ("awaken_retry", "awaken_continuation", "SIGKILL worker 1", "awaken_resume"):
+    assert "All 25 claims verified." in out
+    for marker in (
+        "awaken_retry",
+        "awaken_continuation",
+        "SIGKILL worker 1",
+        "awaken_resume",
+        "awaken_provider_resume",
+    ):
         assert marker in out
     assert "get_forecast ran with {'city': 'Lisbon', 'days': 3}" in out
     # the committed thread is in the SQLite memory; no in-flight turn is left behind
@@ -182,8 +188,8 @@ def test_demo_exits_1_when_the_replacement_cannot_see_the_checkpoint(tmp_path: P
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--steps", "a,x"], "--steps takes letters from a,b,c,d"),
-        (["--steps", ","], "--steps takes letters from a,b,c,d"),
+        (["--steps", "a,x"], "--steps takes letters from a,b,c,d,e"),
+        (["--steps", ","], "--steps takes letters from a,b,c,d,e"),
     ],
 )
 def test_demo_rejects_bad_settings(argv: list[str], message: str, tmp_path: Path) -> None:
