@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from langchain.agents import create_agent
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
@@ -45,7 +46,11 @@ from awaken_langchain.testing import (
     TokenUsage,
     continuation_responder,
 )
-from awaken_langchain.testing._wire import ResponseContext, responses_frames
+from awaken_langchain.testing._wire import (
+    ResponseContext,
+    responses_failed_frame,
+    responses_frames,
+)
 from awaken_langchain.testing.server import RecordedRequest
 from tests import provider_resume_child
 from tests.conftest import Drive
@@ -511,3 +516,53 @@ async def test_middleware_forwards_provider_resume_to_the_agents_model(drive: Dr
     assert thread[-1].text == TEXT
     assert len(server.requests_for("openai-responses")) == 2  # two turns, no recovery request
     assert len(server.retrievals()) == 1
+
+
+async def test_response_that_failed_meanwhile_is_continued_by_prompt(drive: Drive) -> None:
+    answer_ = Scenario(text=TEXT, chunk_size=7)
+    holder: dict[str, LoopbackProvider] = {}
+    cut = after(answer_, "response.output_text.delta", 3)
+
+    def fail_meanwhile(_seconds: float) -> None:
+        kept = holder["server"].background_response("resp_loopback_1")
+        assert kept is not None
+        failed = responses_failed_frame(
+            kept.scenario, kept.ctx, code="server_error", message="failed", sequence_number=cut
+        )
+        kept.frames[cut:] = [failed]  # the provider failed after what the caller received
+
+    async def afail_meanwhile(seconds: float) -> None:
+        fail_meanwhile(seconds)
+
+    policy = RetryPolicy(sleep=fail_meanwhile, async_sleep=afail_meanwhile)
+    with LoopbackProvider(
+        [dataclasses.replace(answer_, fault=Fault.drop_after_events(cut))],
+        default=continuation_responder(answer_),
+    ) as server:
+        holder["server"] = server
+        chunks = await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+    assert text_of(chunks) == TEXT
+    assert len(server.retrievals()) == 1
+    assert len(server.requests_for("openai-responses")) == 2
+    assert merge(chunks).response_metadata["awaken"]["plans"] == ["provider_resume", "R1"]
+
+
+async def test_provider_resume_is_reported_to_callbacks_with_nothing_regenerated(
+    drive: Drive,
+) -> None:
+    class Events(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, Any]] = []
+
+        def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+            self.seen.append((name, data))
+
+    events = Events()
+    cut = after(FULL, "response.output_text.delta", 2)
+    with LoopbackProvider([dataclasses.replace(FULL, fault=Fault.drop_after_events(cut))]) as srv:
+        await drive.stream(wrapped(srv), "Capital?", config={"callbacks": [events]})
+    ((name, data),) = events.seen
+    assert name == "awaken_provider_resume"
+    assert data["response_id"] == "resp_loopback_1"
+    assert data["starting_after"] == cut - 1
+    assert data["regenerated_output_tokens"] == 0
