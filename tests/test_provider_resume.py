@@ -400,7 +400,7 @@ async def test_killed_worker_is_finished_by_a_fresh_process_without_a_new_genera
     drive: Drive, store_dir: Path
 ) -> None:
     run_id = str(uuid.uuid4())
-    paced = dataclasses.replace(FULL, delay=0.02)
+    paced = dataclasses.replace(FULL, delay=0.04)
     with LoopbackProvider([paced]) as server:
         shown = kill_mid_turn(server, store_dir, run_id, tokens=12)
         assert shown
@@ -429,7 +429,7 @@ async def test_killed_worker_whose_response_expired_is_continued_by_prompt(
 ) -> None:
     run_id = str(uuid.uuid4())
     clock = Clock()
-    answer_ = Scenario(text=TEXT, chunk_size=7, delay=0.02)
+    answer_ = Scenario(text=TEXT, chunk_size=7, delay=0.04)
     with LoopbackProvider(
         [answer_], default=continuation_responder(answer_), clock=clock, background_ttl=600.0
     ) as server:
@@ -566,3 +566,19 @@ async def test_provider_resume_is_reported_to_callbacks_with_nothing_regenerated
     assert data["response_id"] == "resp_loopback_1"
     assert data["starting_after"] == cut - 1
     assert data["regenerated_output_tokens"] == 0
+
+
+async def test_stalled_stream_is_resumed_at_the_provider_after_the_idle_timeout(
+    drive: Drive,
+) -> None:
+    bare = uncut(FULL)  # also builds the SDK's event models, whose first use is slow
+    cut = after(FULL, "response.output_text.delta", 3)
+    stalled = dataclasses.replace(FULL, fault=Fault.stall(30.0, after_events=cut))
+    chunks, server = await recovered(drive, stalled, stream_idle_timeout=2.0)
+    assert text_of(chunks) == text_of(bare)
+    assert answer(merge(chunks)) == answer(merge(bare))
+    assert len(server.requests_for("openai-responses")) == 1
+    assert [starting_after(r) for r in server.retrievals()] == [cut - 1]
+    assert merge(chunks).response_metadata["awaken"]["interruptions"] == [
+        {"kind": "timeout", "plan": "provider_resume"}
+    ]
