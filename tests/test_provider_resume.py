@@ -582,3 +582,15 @@ async def test_stalled_stream_is_resumed_at_the_provider_after_the_idle_timeout(
     assert merge(chunks).response_metadata["awaken"]["interruptions"] == [
         {"kind": "timeout", "plan": "provider_resume"}
     ]
+
+
+async def test_invoke_is_resumed_at_the_provider_too(drive: Drive) -> None:
+    cut = after(FULL, "response.function_call_arguments.delta", 2)
+    with LoopbackProvider([dataclasses.replace(FULL, fault=Fault.drop_after_events(cut))]) as srv:
+        message = await drive.invoke(wrapped(srv), "What is the capital of France?")
+    bare = merge(uncut(FULL))
+    assert message.text == bare.text
+    assert message.tool_calls == bare.tool_calls
+    assert [b["type"] for b in message.content] == [b["type"] for b in bare.content]
+    assert len(srv.requests_for("openai-responses")) == 1
+    assert message.response_metadata["awaken"]["plans"] == ["provider_resume"]
