@@ -454,6 +454,8 @@ class LastWrite:
         extra: The stored head's backend layout details at that time.
         text_hash: SHA-256 state over the encoded text (signing stores only), so
             that the next append hashes only its delta.
+        state: What the backend keeps of the stored record to write the next
+            put without reading it back (``None``: nothing).
     """
 
     write_id: str
@@ -461,6 +463,7 @@ class LastWrite:
     text_bytes: int
     extra: Mapping[str, Any]
     text_hash: Any = None
+    state: Any = None
 
 
 @dataclass
@@ -649,7 +652,13 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         if last is None or not plan.text.startswith(last.text):
             return None
         delta = encode_text(plan.text[len(last.text) :])
-        head = Head(plan.run_id, plan.fields, last.text_bytes + len(delta), plan.write_id)
+        head = Head(
+            plan.run_id,
+            plan.fields,
+            last.text_bytes + len(delta),
+            plan.write_id,
+            self._append_layout(last, len(delta)),
+        )
         if self._signing_key is not None:
             if last.text_hash is None:
                 return None
@@ -666,12 +675,37 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
         """
         data = encode_text(plan.text)
-        head = Head(plan.run_id, plan.fields, len(data), plan.write_id)
+        head = Head(
+            plan.run_id, plan.fields, len(data), plan.write_id, self._rewrite_layout(len(data))
+        )
         if self._signing_key is not None:
             plan.text_hash = hashlib.sha256(data)
             head = self._sign(head, plan.text_hash)
         self._check_size(head)
         return head, data
+
+    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
+        """The layout details (``extra``) a head will carry after appending ``delta`` bytes.
+
+        Known before the head is encoded, so that it is encoded once, with them.
+        A backend that decides its layout only inside its primitive returns
+        ``{}`` and sets it there (:meth:`Head.with_extra`, a second encoding).
+        """
+        return {}
+
+    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
+        """The layout details (``extra``) a head will carry after a rewrite of ``text_bytes``."""
+        return {}
+
+    def _put_plan(self, plan: PutPlan) -> Head:
+        """Write a prepared put through the primitives: append if it can, else rewrite."""
+        stored = None
+        append = self._append_step(plan)
+        if append is not None and plan.last is not None:
+            stored = self._backend_append(*append, plan.epoch, plan.last)
+        if stored is None:
+            stored = self._backend_replace(*self._rewrite_step(plan), plan.epoch)
+        return stored
 
     def _finish_put(self, plan: PutPlan, stored: Head) -> None:
         """Remember what a put wrote, for the next delta write."""
@@ -766,12 +800,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """
         plan = self._prepare_put(checkpoint)
         with self._backend_errors("put", plan.run_id):
-            stored = None
-            append = self._append_step(plan)
-            if append is not None and plan.last is not None:
-                stored = self._backend_append(*append, plan.epoch, plan.last)
-            if stored is None:
-                stored = self._backend_replace(*self._rewrite_step(plan), plan.epoch)
+            stored = self._put_plan(plan)
         self._finish_put(plan, stored)
 
     def get(self, run_id: str) -> StreamCheckpoint | None:
