@@ -8,7 +8,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import diskcache
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
+    check_run_id,
     decode_json,
     encode_json,
 )
@@ -68,6 +69,18 @@ _UPSERT_ROW = (
 _DELETE_ROWS = "DELETE FROM Cache WHERE raw = 1 AND key IN ({})"
 
 
+def _rows(execute: Callable[..., Any], keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
+    """Read the rows of ``keys`` in as few statements as SQLite's parameter limit allows."""
+    found: dict[bytes, tuple[int, Any]] = {}
+    now = time.time()
+    for start in range(0, len(keys), _KEYS_PER_SELECT):
+        chunk = keys[start : start + _KEYS_PER_SELECT]
+        statement = _SELECT_ROWS.format(",".join("?" * len(chunk)))
+        for key, mode, value in execute(statement, (*chunk, now)).fetchall():
+            found[bytes(key)] = (mode, bytes(value) if type(value) is not int else value)
+    return found
+
+
 @dataclass(frozen=True)
 class _Stored:
     """What this store last wrote for a run, so that the next put need not read it back.
@@ -79,10 +92,14 @@ class _Stored:
         chars: Characters of the text in each segment (the head's ``extra``
             holds their sizes in bytes), so that a merged tail segment is
             encoded from the text instead of read back.
+        epoch_row: The run's epoch record as last read, undecoded.
+        epoch_record: That record decoded, reused while the row is unchanged.
     """
 
     head: bytes
     chars: tuple[int, ...]
+    epoch_row: Any = None
+    epoch_record: tuple[int, float] | None = None
 
 
 def _segment_chars(text: str, sizes: Sequence[int]) -> tuple[int, ...] | None:
@@ -148,6 +165,10 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
     def key_rows(self) -> list[tuple[Any, int]]:
         """Return every stored key undecoded, so that one bad key cannot stop a listing."""
         return list(self._sql(_KEY_ROWS))
+
+    def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
+        """Return ``key -> (mode, value)`` for the unexpired raw-keyed rows among ``keys``."""
+        return _rows(self._sql, keys)
 
     def remove_row(self, key: Any, raw: int) -> bool:
         """Remove the entry stored under an undecoded key; return whether there was one."""
@@ -221,6 +242,10 @@ class _ReadOnlyCache:
     def key_rows(self) -> list[tuple[Any, int]]:
         with self._lock:
             return list(self._connection.execute(_KEY_ROWS))
+
+    def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
+        with self._lock:
+            return _rows(self._connection.execute, keys)
 
 
 class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
@@ -414,8 +439,21 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     # -- primitives ---------------------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
+        key = self._epoch_key(run_id)
         with self._cache.transact():
-            epoch = next_epoch(self._epoch(run_id), self._epoch_floor())
+            rows = self._cache.rows([key, _FLOOR])  # both in one statement
+            record, floor = rows.get(key), rows.get(_FLOOR)
+            if (record is None or record[0] == _MODE_RAW) and (
+                floor is None or (floor[0] == _MODE_RAW and type(floor[1]) is int and floor[1] >= 0)
+            ):
+                parsed = self._parse_epoch_record(run_id, None if record is None else record[1])
+                current = 0 if parsed is None else parsed[0]
+                epoch = next_epoch(current, 0 if floor is None else floor[1])
+                value = encode_json({"epoch": epoch, "keep_until": self._keep_until()})
+                now = time.time()
+                self._cache._sql(_UPSERT_ROW, (key, now, now, value))
+                return epoch
+            epoch = next_epoch(self._epoch(run_id), self._epoch_floor())  # reports what is wrong
             self._set_epoch_record(run_id, epoch, self._keep_until())
         return epoch
 
@@ -483,6 +521,9 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return stored
 
     def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+        if not self._cache.rows([self._head_key(run_id)]):  # one statement for a new run
+            self._raise_if_unreadable(run_id)
+            return None
         with self._cache.transact():
             head = self._head(run_id)
             if head is None:
@@ -575,6 +616,59 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         raise corrupted(
             run_id, "its key is pickled, which is never unpickled; remove the entry with delete"
         )
+
+    def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+        """Delete the run's checkpoint; a missing checkpoint is not an error.
+
+        The run's epoch record is kept for ``epoch_grace`` more seconds, and
+        later claims stay strictly larger even after it is gone. A run this
+        store wrote last is deleted without reading its record back.
+
+        Raises:
+            StreamCheckpointFencedError: If ``epoch`` is older than the run's
+                current epoch.
+            StreamCheckpointError: If ``epoch`` was never claimed, or the
+                database fails.
+        """
+        check_run_id(run_id)
+        self._check_writable("delete")
+        with self._memo_lock:
+            last = self._memo.pop(run_id, None)
+        with self._backend_errors("delete", run_id):
+            state = None if last is None else last.state
+            if not isinstance(state, _Stored) or not self._delete_lean(run_id, epoch, last, state):
+                self._backend_delete(run_id, epoch, None)
+
+    def _delete_lean(
+        self, run_id: str, epoch: int | None, last: LastWrite | None, state: _Stored
+    ) -> bool:
+        """Delete a run whose record this store wrote last; ``False``: use the general path."""
+        sizes = None if last is None else last.extra.get("segments")
+        if not isinstance(sizes, list) or any(
+            type(n) is not int or n >= self._cache.disk.min_file_size for n in sizes
+        ):
+            return False
+        head_key, epoch_key = self._head_key(run_id), self._epoch_key(run_id)
+        with self._cache.transact():
+            rows = self._cache.rows([epoch_key, head_key])
+            head, record = rows.get(head_key), rows.get(epoch_key)
+            if head != (_MODE_RAW, state.head) or (record is not None and record[0] != _MODE_RAW):
+                return False
+            try:
+                parsed = self._parse_epoch_record(run_id, None if record is None else record[1])
+            except StreamCheckpointError:
+                return False  # the general path reports or keeps an unreadable record
+            if epoch is not None:
+                check_epoch(run_id, epoch, 0 if parsed is None else parsed[0], action="delete")
+            keys = [head_key, *(self._segment_key(run_id, i) for i in range(len(sizes)))]
+            self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(keys))), keys)
+            if parsed is not None:
+                value = encode_json(
+                    {"epoch": parsed[0], "keep_until": max(parsed[1], self._keep_until())}
+                )
+                now = time.time()
+                self._cache._sql(_UPSERT_ROW, (epoch_key, now, now, value))
+        return True
 
     # -- layout known before the head is encoded -------------------------------------
 
@@ -696,13 +790,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         keys: list[bytes] = []
         for _, plan in plans:
             keys += (self._epoch_key(plan.run_id), self._head_key(plan.run_id))
-        rows: dict[bytes, tuple[int, Any]] = {}
+        rows = self._cache.rows(keys)
         now = time.time()
-        for start in range(0, len(keys), _KEYS_PER_SELECT):
-            chunk = keys[start : start + _KEYS_PER_SELECT]
-            statement = _SELECT_ROWS.format(",".join("?" * len(chunk)))
-            for key, mode, value in self._cache._sql(statement, (*chunk, now)).fetchall():
-                rows[bytes(key)] = (mode, value)
         largest = self._cache.disk.min_file_size
         upserts: list[tuple[bytes, float, float, bytes]] = []
         deletes: list[bytes] = []
@@ -719,7 +808,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             if (
                 head_row is None
                 or head_row[0] != _MODE_RAW
-                or bytes(head_row[1]) != state.head
+                or head_row[1] != state.head
                 or (epoch_row is not None and epoch_row[0] != _MODE_RAW)
                 or not isinstance(sizes, list)
                 or len(sizes) != len(state.chars)
@@ -730,9 +819,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 continue
             try:
                 epoch_value = epoch_row[1] if epoch_row is not None else None
-                if type(epoch_value) is not int and epoch_value is not None:
-                    epoch_value = bytes(epoch_value)
-                record = self._parse_epoch_record(run_id, epoch_value)
+                if epoch_value == state.epoch_row:
+                    record = state.epoch_record
+                else:
+                    record = self._parse_epoch_record(run_id, epoch_value)
                 check_epoch(run_id, plan.epoch, 0 if record is None else record[0], action="put")
                 step = self._lean_step(plan, sizes, state)
             except StreamCheckpointError as exc:
@@ -746,7 +836,9 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             upserts += [(key, now, now, value) for key, value in values]
             upserts.append((self._head_key(run_id), now, now, encoded))
             deletes += stale
-            written.append((plan, head, new_state))
+            written.append(
+                (plan, head, replace(new_state, epoch_row=epoch_value, epoch_record=record))
+            )
         if upserts:
             self._cache._con.executemany(_UPSERT_ROW, upserts)
         for start in range(0, len(deletes), _KEYS_PER_SELECT):
