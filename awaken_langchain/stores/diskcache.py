@@ -58,14 +58,19 @@ _SELECT_ROWS = (
     "SELECT key, mode, value FROM Cache WHERE raw = 1 AND key IN ({}) "
     "AND (expire_time IS NULL OR expire_time > ?)"
 )
-_UPSERT_ROW = (
+_UPSERT_ROWS = (
     "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, "
-    "size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, 1, NULL, ?) "
+    "size, mode, filename, value) VALUES {} "
     "ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, "
     "expire_time = NULL, access_time = excluded.access_time, access_count = 0, tag = NULL, "
     "size = 0, mode = 1, filename = NULL, value = excluded.value"
 )
-"""A row exactly as ``Cache.set`` stores a small bytes value (inline, not in a file)."""
+"""Rows exactly as ``Cache.set`` stores small bytes values (inline, not in a file)."""
+_UPSERT_VALUES = "(?, 1, ?, NULL, ?, 0, NULL, 0, 1, NULL, ?)"
+_ROWS_PER_UPSERT = 200
+"""Rows written per statement: one statement is one release of the GIL (and one
+wait to take it back from a busy event loop), where ``executemany`` is one per row."""
+_UPSERT_ROW = _UPSERT_ROWS.format(_UPSERT_VALUES)
 _DELETE_ROWS = "DELETE FROM Cache WHERE raw = 1 AND key IN ({})"
 
 
@@ -730,7 +735,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         ``SELECT`` reads the epoch records and heads of those runs; a run whose
         head row still holds exactly the bytes written last (and so the text
         and segments written last) and whose epoch passes the fencing rule gets
-        its new tail segment and head in one ``executemany``, and its merged-away
+        its new tail segment and head in one multi-row upsert, and its merged-away
         segments removed in one ``DELETE``. Every other checkpoint (a run not
         written by this store instance, written by someone else since, or with a
         segment large enough for diskcache to keep in a file) is put through the
@@ -839,11 +844,15 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             written.append(
                 (plan, head, replace(new_state, epoch_row=epoch_value, epoch_record=record))
             )
-        if upserts:
-            self._cache._con.executemany(_UPSERT_ROW, upserts)
+        for start in range(0, len(upserts), _ROWS_PER_UPSERT):
+            rows_now = upserts[start : start + _ROWS_PER_UPSERT]
+            placeholders = ",".join([_UPSERT_VALUES] * len(rows_now))
+            self._cache._sql(
+                _UPSERT_ROWS.format(placeholders), [p for row in rows_now for p in row]
+            )
         for start in range(0, len(deletes), _KEYS_PER_SELECT):
-            chunk = deletes[start : start + _KEYS_PER_SELECT]
-            self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(chunk))), chunk)
+            gone = deletes[start : start + _KEYS_PER_SELECT]
+            self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(gone))), gone)
         return fallback
 
     def _lean_step(
