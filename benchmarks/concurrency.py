@@ -65,6 +65,7 @@ from benchmarks._common import (
     machine_line,
     make_store,
     median,
+    paced_turn,
     percentile,
     redis_server,
     table,
@@ -212,14 +213,7 @@ async def _paced_turns(
         question = f"{tag}{i}"
         run_id = uuid.uuid4()
         questions[str(run_id)] = question
-        parts = []
-        n = 0
-        async for chunk in model.astream(question, config={"run_id": run_id}):
-            if chunk.content:
-                late.append(time.perf_counter() - inner.due[question][n])
-                n += 1
-                parts.append(str(chunk.content))
-        return "".join(parts) == answer_for(question, chars)
+        return await paced_turn(model, inner, question, late, run_id=run_id)
 
     cpu = time.process_time()
     try:

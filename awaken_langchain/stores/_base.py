@@ -206,6 +206,34 @@ def make_private_directory(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps next to a database while it writes it."""
+
+
+def make_private_database(path: str | os.PathLike[str]) -> None:
+    """Create the SQLite file ``path`` private (0600) before SQLite opens it.
+
+    SQLite gives its -wal and -shm files the database file's mode, so a
+    database created private keeps its side files private whatever the umask.
+    An existing database, and side files left by an earlier writer, are made
+    private too. Never follows a symbolic link at ``path``.
+
+    Raises:
+        StreamCheckpointError: If ``path`` is a symbolic link.
+        OSError: If the file cannot be created.
+    """
+    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in SQLITE_SIDE_FILES:
+        side = os.fspath(path) + suffix
+        if os.path.exists(side) and not os.path.islink(side):
+            os.chmod(side, 0o600)
+
+
 UNREADABLE_PREFIX = "unreadable-entry:"
 """How the id of a stored entry that names no readable run id starts (see :func:`unreadable_id`)."""
 
@@ -943,6 +971,7 @@ __all__ = [
     "decode_text",
     "encode_text",
     "linked_path_error",
+    "make_private_database",
     "make_private_directory",
     "new_write_id",
     "next_epoch",

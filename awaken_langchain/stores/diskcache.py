@@ -32,9 +32,9 @@ from awaken_langchain.stores._base import (
     corrupted,
     decode_head,
     encode_text,
+    make_private_database,
     make_private_directory,
     next_epoch,
-    open_no_follow,
     plan_append,
     run_id_bytes,
     unreadable_id,
@@ -317,14 +317,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 self._cache = _ReadOnlyCache(self.directory, timeout=timeout)
                 return
             make_private_directory(self.directory)
-            # SQLite gives its -wal and -shm files the database file's mode, so the
-            # database is created private before SQLite first opens it.
-            fd = open_no_follow(self.directory / diskcache.core.DBNAME, os.O_WRONLY | os.O_CREAT)
-            try:
-                if hasattr(os, "fchmod"):
-                    os.fchmod(fd, 0o600)
-            finally:
-                os.close(fd)
+            make_private_database(self.directory / diskcache.core.DBNAME)
             self._cache = _Cache(
                 str(self.directory),
                 timeout=timeout,
