@@ -247,6 +247,10 @@ def test_put_many_is_one_transaction_rolled_back_when_the_database_fails(
 ) -> None:
     with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
         store.put(StreamCheckpoint(run_id="first", partial_text="before"))
+        with DiskCacheStreamCheckpointStore(tmp_path / "cache") as other:
+            # written by another instance: this one takes the general path for it,
+            # after the batch's other rows were written
+            other.put(StreamCheckpoint(run_id="broken", partial_text="theirs"))
         replace = store._backend_replace
 
         def failing(head: Any, text: bytes, epoch: int) -> Any:
@@ -270,6 +274,9 @@ def test_put_many_is_one_transaction_rolled_back_when_the_database_fails(
         assert first is not None
         assert first.partial_text == "before"
         assert store.get("other") is None
+        broken = store.get("broken")
+        assert broken is not None
+        assert broken.partial_text == "theirs"
         monkeypatch.undo()
         assert store.put_many([StreamCheckpoint(run_id="first", partial_text="before, again")]) == [
             None

@@ -107,6 +107,10 @@ class _Stored:
     epoch_record: tuple[int, float] | None = None
 
 
+_NO_RECORD = _Stored(b"", ())
+"""The state of a run without a stored record: a put writes it without reading anything else."""
+
+
 def _segment_chars(text: str, sizes: Sequence[int]) -> tuple[int, ...] | None:
     """Characters in each segment of ``text`` stored as segments of ``sizes`` bytes."""
     if len(sizes) <= 1:
@@ -724,10 +728,11 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         whole batch back and is reported for every checkpoint.
 
         The common case costs a few statements for the whole batch: a run this
-        store wrote last is written without reading its record back. One
-        ``SELECT`` reads the epoch records and heads of those runs; a run whose
-        head row still holds exactly the bytes written last (and so the text
-        and segments written last) and whose epoch passes the fencing rule gets
+        store wrote last, or a new run, is written without reading its record
+        back. One ``SELECT`` reads the epoch records and heads of those runs; a
+        run whose head row still holds exactly the bytes written last (and so
+        the text and segments written last), or still has no head, and whose
+        epoch passes the fencing rule gets
         its new tail segment and head in one multi-row upsert, and its merged-away
         segments removed in one ``DELETE``. Every other checkpoint (a run not
         written by this store instance, written by someone else since, or with a
@@ -752,7 +757,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         lean: list[tuple[int, PutPlan]] = []
         general: list[tuple[int, PutPlan]] = []
         for index, plan in plans:
-            known = plan.last is not None and isinstance(plan.last.state, _Stored)
+            known = plan.last is None or isinstance(plan.last.state, _Stored)
             (lean if distinct and known else general).append((index, plan))
         written: list[tuple[PutPlan, Head, _Stored | None]] = []
         try:
@@ -797,22 +802,25 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         for index, plan in plans:
             run_id = plan.run_id
             last = plan.last
-            assert last is not None
-            assert isinstance(last.state, _Stored)
-            state = last.state
-            sizes = last.extra.get("segments")
             head_row = rows.get(self._head_key(run_id))
             epoch_row = rows.get(self._epoch_key(run_id))
-            if (
-                head_row is None
-                or head_row[0] != _MODE_RAW
-                or head_row[1] != state.head
-                or (epoch_row is not None and epoch_row[0] != _MODE_RAW)
-                or not isinstance(sizes, list)
-                or len(sizes) != len(state.chars)
-                or len(state.head) >= largest
-                or any(n >= largest for n in sizes)
-            ):
+            sizes: Any
+            if last is None:  # a run this store has not written: lean only if it has no record
+                state, sizes = _NO_RECORD, []
+                known = head_row is None
+            else:
+                assert isinstance(last.state, _Stored)
+                state, sizes = last.state, last.extra.get("segments")
+                known = (
+                    head_row is not None
+                    and head_row[0] == _MODE_RAW
+                    and head_row[1] == state.head
+                    and isinstance(sizes, list)
+                    and len(sizes) == len(state.chars)
+                    and len(state.head) < largest
+                    and all(n < largest for n in sizes)
+                )
+            if not known or (epoch_row is not None and epoch_row[0] != _MODE_RAW):
                 fallback.append((index, plan))
                 continue
             try:
@@ -851,7 +859,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     def _lean_step(
         self, plan: PutPlan, sizes: list[int], state: _Stored
     ) -> tuple[Head, list[tuple[bytes, bytes]], list[bytes], _Stored] | None:
-        """Plan one put over the record this store last wrote (``state``).
+        """Plan one put over the record this store last wrote (``state``), or a new record.
 
         Returns:
             The head, the segments to write, the segment keys to remove and the
