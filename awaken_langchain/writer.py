@@ -26,9 +26,11 @@ or delete is never reordered with its earlier writes.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -55,6 +57,21 @@ successive checkpoints coalesce; it adds at most this much to the time a
 checkpoint takes to become durable."""
 _ATTRIBUTE = "_awaken_writer"
 _REGISTRY_LOCK = threading.Lock()
+EXIT_DRAIN = 5.0
+"""Seconds the interpreter's exit waits, at most, for writes still queued in writers.
+
+The writer thread is a daemon: without this wait, a process that ends right
+after its turns would drop the closing writes and deletes those turns stopped
+waiting for (after ``checkpoint_deadline``), and leave their checkpoints behind."""
+_LIVE: weakref.WeakSet[CheckpointWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    until = time.monotonic() + EXIT_DRAIN
+    for writer in list(_LIVE):
+        if writer._pid == os.getpid():
+            writer.flush(max(0.0, until - time.monotonic()))
 
 
 class StoreStalledError(StreamCheckpointError):
@@ -138,6 +155,17 @@ class CheckpointWriter:
         with self._cond:
             self._failed.pop(run_id, None)
 
+    def flush(self, timeout: float) -> bool:
+        """Wait until every write handed over so far has been attempted; ``False`` on timeout."""
+        until = time.monotonic() + timeout
+        with self._cond:
+            while self._puts or self._ops or self._busy_since is not None:
+                remaining = until - time.monotonic()
+                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
+                    return not (self._puts or self._ops or self._busy_since is not None)
+                self._cond.wait(min(remaining, 0.05))
+        return True
+
     @property
     def pending(self) -> int:
         """Runs and operations not yet handed to the store."""
@@ -159,7 +187,8 @@ class CheckpointWriter:
                 target=self._loop, name="awaken-checkpoint-writer", daemon=True
             )
             self._thread.start()
-        self._cond.notify()
+            _LIVE.add(self)
+        self._cond.notify_all()  # the writer, and any flush waiting for it
 
     def _loop(self) -> None:
         while True:

@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamCheckpoint
-from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter
+from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter, writer_for
 from benchmarks._common import (
     REPO_ROOT,
     ContinuingModel,
@@ -103,6 +103,9 @@ async def _turns(
     try:
         results = await asyncio.gather(*(turn(i) for i in range(streams)))
         finished = time.time()
+        # a closing delete the turn stopped waiting for is still queued: let it land
+        writer = writer_for(store)
+        await writer.await_(writer.call(_landed), 60.0)
         left = len(store.list_run_ids())
     finally:
         store.close()
