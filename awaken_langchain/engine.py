@@ -298,7 +298,7 @@ class TurnEngine:
             return Step(
                 chunks=held,
                 write=self.snapshot(),
-                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished)],
+                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished, failure=exc)],
             )
         decision = self.policy.should_retry(
             exc, attempt=count, elapsed=self.policy.clock() - self.started, phase=phase
@@ -345,7 +345,7 @@ class TurnEngine:
         return Step(
             chunks=held,
             write=self.snapshot(),
-            reports=[Report(event, data)],
+            reports=[Report(event, data, failure=exc)],
             delay=decision.delay,
         )
 

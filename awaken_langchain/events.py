@@ -4,7 +4,12 @@ Every recovery decision (a retry, a continuation, a resume, a checkpoint
 warning) is reported the same way, whoever makes it (the wrapper, the callback
 handler, the history helpers): a log record under ``awaken_langchain``, a
 LangChain custom event (seen by callback handlers and ``astream_events``) when
-the call has callbacks, and, for warnings, a `StreamCheckpointWarning`.
+the call has callbacks, and, for warnings, a `StreamCheckpointWarning`. A
+retry or a continuation is also a LangChain retry callback (``on_retry``: a
+``"retry"`` event of the model's run in a tracer's run tree). Inside a LangGraph
+graph every event is also written to the graph's custom stream
+(``stream_mode="custom"``), and with ``opentelemetry-api`` installed it is an
+event of the turn's span (`awaken_langchain._telemetry`).
 
 Log records carry the event as structured fields (``extra``), for JSON log
 formatters and log pipelines: ``awaken_event`` (the event name),
@@ -15,20 +20,29 @@ prefixed with ``awaken_`` (``awaken_key``, ``awaken_plan``, ``awaken_attempt``,
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import sys
 import uuid
 import warnings
-from dataclasses import dataclass
-from typing import Any, TypedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
     AsyncCallbackManagerForLLMRun,
+    BaseCallbackManager,
     CallbackManager,
     CallbackManagerForLLMRun,
 )
+from langchain_core.tracers import BaseTracer
+from langchain_core.tracers.base import AsyncBaseTracer
+from langchain_core.tracers.schemas import Run
+from tenacity import RetryCallState, Retrying
 
+from awaken_langchain import _telemetry
 from awaken_langchain.errors import StreamCheckpointWarning
 
 logger = logging.getLogger(__name__)
@@ -36,9 +50,11 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "AwakenMetadata",
     "NotExecutedCall",
+    "RECOVERED_TAG",
     "RecoveryEvent",
     "Report",
     "Reporter",
+    "TurnState",
 ]
 
 
@@ -59,6 +75,11 @@ class RecoveryEvent(enum.StrEnum):
     """The store failed; the turn went on without (some) checkpoints."""
     CHECKPOINT_RECOVERED = "awaken_checkpoint_recovered"
     """The store answered again after a failure; checkpointing goes on."""
+
+    @property
+    def is_retry(self) -> bool:
+        """Whether the event sends a request again (reported as a LangChain retry too)."""
+        return self in (RecoveryEvent.RETRY, RecoveryEvent.CONTINUATION)
 
     @property
     def is_warning(self) -> bool:
@@ -118,6 +139,8 @@ class Report:
     data: dict[str, Any]
     message: str = ""
     """A human sentence for the log (and the warning); the payload is logged when empty."""
+    failure: BaseException | None = field(default=None, compare=False, repr=False)
+    """The failure that caused the event (for a retry callback and a span event)."""
 
     def log(self, run_id: uuid.UUID | None = None) -> None:
         """Write the log record (and, for a warning, the Python warning).
@@ -153,8 +176,62 @@ def store_failure(key: str | None, what: str, exc: BaseException) -> Report:
     return warning(RecoveryEvent.CHECKPOINT_WARNING, key, f"{what}; carrying on without it: {exc}")
 
 
+RECOVERED_TAG = "awaken:recovered"
+"""The tag a recovered turn adds to its model run in a tracer's run tree."""
+
+
+class TurnState(Protocol):
+    """What the reporter reads from a turn when it ends (the turn engine)."""
+
+    acc: Any
+    """The turn's accumulator: ``response_metadata``, ``usage``, ``message_id``."""
+
+    def metadata(self) -> AwakenMetadata:
+        """What recovery happened."""
+        ...
+
+
+def _graph_writer() -> Callable[[Any], None] | None:
+    """The running LangGraph graph's custom stream writer, or ``None`` outside a graph."""
+    if "langgraph.pregel" not in sys.modules:  # no graph has run in this process
+        return None
+    try:
+        from langgraph.config import get_stream_writer
+
+        return get_stream_writer()
+    except Exception:  # outside a graph task (no runnable context, no graph runtime)
+        return None
+
+
+def _retry_state(report: Report, waited: float) -> RetryCallState:
+    """Tenacity's description of a retry, as LangChain's ``on_retry`` takes it."""
+    state = RetryCallState(Retrying(), None, (), {})
+    state.attempt_number = int(report.data.get("attempt") or 1)
+    state.idle_for = waited  # as tenacity counts it: waits so far, this one included
+    state.upcoming_sleep = float(report.data.get("delay") or 0.0)
+    failure = report.failure
+    if failure is not None:
+        state.set_exception((type(failure), failure, failure.__traceback__))
+    return state
+
+
+def _traced_run(handler: Any, run_id: uuid.UUID) -> Run | None:
+    """The run a LangChain tracer holds for ``run_id``, if it is one that does."""
+    if not isinstance(handler, BaseTracer | AsyncBaseTracer):
+        return None
+    run = handler.run_map.get(str(run_id))
+    return run if isinstance(run, Run) else None
+
+
+def _knows_run(handler: Any, run_id: uuid.UUID) -> bool:
+    """False for a tracer that never saw the run start (its ``on_retry`` would fail)."""
+    return not isinstance(handler, BaseTracer | AsyncBaseTracer) or (
+        _traced_run(handler, run_id) is not None
+    )
+
+
 class Reporter:
-    """Reports a call's recovery events: log, callbacks, warnings.
+    """Reports a call's recovery events: log, callbacks, warnings, graph stream, span.
 
     Built from what LangChain gave the call: the run manager when LangChain
     passes one (``invoke``, ``generate``), else the call's config.
@@ -164,6 +241,8 @@ class Reporter:
         settings: Arguments of ``CallbackManager.configure`` (callbacks, tags,
             metadata of the call and of the model), or ``None``.
         run_manager: LangChain's run manager for the call, when it passed one.
+        model: The requested model's name (for the turn's span).
+        provider: The provider's name, as LangChain's ``ls_provider`` gives it.
     """
 
     def __init__(
@@ -171,10 +250,18 @@ class Reporter:
         run_id: uuid.UUID,
         settings: tuple[Any, ...] | None = None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+        *,
+        model: str | None = None,
+        provider: str | None = None,
     ) -> None:
         self.run_id = run_manager.run_id if run_manager is not None else run_id
         self._settings = settings
         self._run_manager = run_manager
+        self._model = model
+        self._provider = provider
+        self._writer = _graph_writer()
+        self._span: _telemetry.TurnSpan | None = None
+        self._waited = 0.0
 
     def _manager_args(self) -> dict[str, Any] | None:
         manager = self._run_manager
@@ -190,9 +277,37 @@ class Reporter:
             "inheritable_metadata": manager.inheritable_metadata,
         }
 
+    def _run_args(self, manager: BaseCallbackManager) -> dict[str, Any]:
+        """A run manager's arguments for the model run, without tracers that miss it."""
+        return {
+            "run_id": self.run_id,
+            "handlers": [h for h in manager.handlers if _knows_run(h, self.run_id)],
+            "inheritable_handlers": manager.inheritable_handlers,
+            "parent_run_id": manager.parent_run_id,
+            "tags": manager.tags,
+            "inheritable_tags": manager.inheritable_tags,
+            "metadata": manager.metadata,
+            "inheritable_metadata": manager.inheritable_metadata,
+        }
+
+    def _publish(self, report: Report) -> None:
+        """The parts of reporting that need no callback manager: span, graph stream."""
+        if self._span is not None:
+            self._span.event(report)
+        if report.event.is_retry:
+            self._waited += float(report.data.get("delay") or 0.0)
+        if self._writer is not None:
+            try:
+                self._writer(
+                    {"event": report.event.value, "run_id": str(self.run_id), "data": report.data}
+                )
+            except Exception:  # a broken stream consumer must not break the turn
+                logger.exception("graph stream writer failed while reporting %s", report.event)
+
     def report(self, report: Report) -> None:
-        """Log ``report`` and send it to the call's callback handlers (sync)."""
+        """Report ``report`` everywhere it is seen (sync callbacks)."""
         report.log(self.run_id)
+        self._publish(report)
         try:
             args = self._manager_args()
             if args is not None:
@@ -202,12 +317,16 @@ class Reporter:
             else:
                 return
             manager.on_custom_event(report.event.value, report.data, run_id=self.run_id)
+            if report.event.is_retry:
+                run = CallbackManagerForLLMRun(**self._run_args(manager))
+                run.on_retry(_retry_state(report, self._waited))
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", report.event.value)
 
     async def areport(self, report: Report) -> None:
-        """Log ``report`` and send it to the call's callback handlers (async)."""
+        """Report ``report`` everywhere it is seen (async callbacks)."""
         report.log(self.run_id)
+        self._publish(report)
         try:
             args = self._manager_args()
             if args is not None:
@@ -217,5 +336,57 @@ class Reporter:
             else:
                 return
             await manager.on_custom_event(report.event.value, report.data, run_id=self.run_id)
+            if report.event.is_retry:
+                run = AsyncCallbackManagerForLLMRun(**self._run_args(manager))
+                await run.on_retry(_retry_state(report, self._waited))
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", report.event.value)
+
+    @contextlib.contextmanager
+    def turn(self, state: TurnState) -> Iterator[None]:
+        """Cover one turn, all its attempts: its span, and the run's recovered mark.
+
+        On the way out (before LangChain ends the model's run), a turn that
+        recovered adds `RECOVERED_TAG` and ``awaken_*`` metadata to the run that
+        LangChain tracers hold for it.
+        """
+        self._span = _telemetry.start_turn(self._model, self._provider)
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            metadata = state.metadata()
+            if self._span is not None:
+                self._span.end(state.acc, metadata, failure)
+                self._span = None
+            if metadata["plans"] or metadata["resumed"]:
+                self._mark_recovered(metadata)
+
+    def _mark_recovered(self, metadata: AwakenMetadata) -> None:
+        try:
+            if self._run_manager is not None:
+                handlers = self._run_manager.handlers
+            elif self._settings is not None:
+                handlers = CallbackManager.configure(*self._settings).handlers
+            else:
+                return
+            for handler in handlers:
+                run = _traced_run(handler, self.run_id)
+                if run is None:
+                    continue
+                if RECOVERED_TAG not in (run.tags or []):
+                    run.tags = [*(run.tags or []), RECOVERED_TAG]
+                run.extra.setdefault("metadata", {}).update(
+                    {
+                        "awaken_recovered": True,
+                        "awaken_plans": list(metadata["plans"]),
+                        "awaken_retries": metadata["retries"],
+                        "awaken_continuations": metadata["continuations"],
+                        "awaken_resumed": metadata["resumed"],
+                    }
+                )
+        except Exception:  # a tracer's run is best effort; the turn goes on
+            logger.exception("could not mark the traced run as recovered")

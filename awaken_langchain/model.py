@@ -556,7 +556,14 @@ class RecoveringChatModel(BaseChatModel):
             # a whole answer is translated once it is whole, as for the inner model
             standard_blocks=not whole and getattr(inner, "output_version", None) == "v1",
         )
-        reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
+        params = inner._get_ls_params()
+        reporter = Reporter(
+            ctx.run_id,
+            self._callback_settings(ctx),
+            run_manager,
+            model=params.get("ls_model_name"),
+            provider=params.get("ls_provider"),
+        )
         return TurnEngine(turn, request), reporter
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -610,7 +617,8 @@ class RecoveringChatModel(BaseChatModel):
 
     def _run(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         try:
-            yield from self._turn(engine, reporter)
+            with reporter.turn(engine):
+                yield from self._turn(engine, reporter)
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
@@ -738,8 +746,9 @@ class RecoveringChatModel(BaseChatModel):
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
         try:
-            async for chunk in self._aturn(engine, reporter):
-                yield chunk
+            with reporter.turn(engine):
+                async for chunk in self._aturn(engine, reporter):
+                    yield chunk
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
