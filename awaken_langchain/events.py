@@ -111,6 +111,11 @@ class AwakenMetadata(TypedDict):
     """Continuation requests after output."""
     resumed: bool
     """Whether the turn started from a checkpoint."""
+    replayed: bool
+    """Whether chunks of the turn were replayed from a checkpoint. Each replayed
+    chunk carries ``response_metadata["awaken"] == {"replayed": True}`` (new text
+    carries no ``"awaken"`` key until the closing chunk), so merged chunks keep
+    this value."""
     interruptions: list[dict[str, Any]]
     """One entry per failure: its kind and the plan chosen."""
     seconds_waited: float
