@@ -8,7 +8,9 @@ them). Each recovery event (retry, continuation, resume, checkpoint warning)
 is a span event named after the event, its payload under ``awaken.*``
 attributes. A turn that fails ends with an error status and the exception.
 
-Without ``opentelemetry-api`` every call here is one cached check. The span is
+Without ``opentelemetry-api`` every call here is one cached check; with the API
+but no recording tracer provider (no SDK, or the turn sampled out), one
+non-recording span per turn. The span is
 not made the current span: a turn's chunks are yielded from a generator, and a
 context attached there would leak into the caller's code between chunks.
 """
@@ -112,4 +114,8 @@ def start_turn(model: str | None, provider: str | None) -> TurnSpan | None:
     if model:
         attributes["gen_ai.request.model"] = model
     name = f"chat {model}" if model else "chat"
-    return TurnSpan(tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes))
+    span = tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+    if not span.is_recording():  # no SDK configured, or sampled out: nothing to add
+        span.end()
+        return None
+    return TurnSpan(span)
