@@ -7,10 +7,15 @@ LangGraph graphs; spans go through the real opentelemetry-sdk.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import operator
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
@@ -39,6 +44,7 @@ from tests.conftest import Drive
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
+REPO_ROOT = str(Path(__file__).resolve().parent.parent)
 ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
 PROMPT = "Tell me about the fox"
 
@@ -406,3 +412,51 @@ async def test_recovery_log_records_carry_the_event_as_structured_fields(
         1,
     )
     assert isinstance(retry.awaken_delay, float)
+
+
+# -- without the optional packages ---------------------------------------------------------
+
+_WITHOUT_OPTIONALS = """
+import sys
+sys.modules["opentelemetry"] = None  # neither installed: imports fail
+sys.modules["langgraph"] = None
+
+from langchain_openai import ChatOpenAI
+from awaken_langchain import RecoveringChatModel, RetryPolicy, _telemetry
+
+inner = ChatOpenAI(model="gpt-4o-mini", base_url=sys.argv[1], api_key="x", max_retries=0)
+model = RecoveringChatModel(model=inner, retry_policy=RetryPolicy(sleep=lambda s: None))
+answer = model.invoke("Tell me about the fox")
+assert answer.response_metadata["awaken"]["plans"] == ["R4", "R1"], answer.response_metadata
+assert _telemetry.start_turn("gpt-4o-mini", "openai") is None
+assert "opentelemetry.trace" not in sys.modules
+print(answer.content)
+"""
+
+_WITHOUT_SDK = """
+from awaken_langchain import _telemetry
+assert _telemetry.start_turn("gpt-4o-mini", "openai") is None  # the API alone records nothing
+"""
+
+
+async def python(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``source`` in a fresh interpreter that imports this checkout."""
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    command = [sys.executable, "-c", source, *args]
+    return await asyncio.to_thread(
+        subprocess.run, command, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+async def test_recovery_works_without_opentelemetry_or_langgraph_installed(
+    server: LoopbackProvider,
+) -> None:
+    retry_then_cut(server)
+    done = await python(_WITHOUT_OPTIONALS, server.base_url_openai)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ANSWER
+
+
+async def test_without_a_tracer_provider_a_turn_makes_no_span() -> None:
+    done = await python(_WITHOUT_SDK)
+    assert done.returncode == 0, done.stderr
