@@ -8,23 +8,28 @@ LangGraph graphs; spans go through the real opentelemetry-sdk.
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
 import logging
 import operator
 import os
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import pytest
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.runnables import RunnableLambda
 from langchain_core.tracers import BaseTracer
+from langchain_core.tracers.langchain import LangChainTracer
 from langchain_core.tracers.schemas import Run
 from langchain_openai import ChatOpenAI
 from langgraph.graph import START, StateGraph
+from langsmith import Client
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -182,6 +187,53 @@ async def test_a_tracer_inside_a_chain_sees_the_retries_under_the_model_run(
     run = model_run(tracer)
     assert [e["name"] for e in run.events].count("retry") == 2
     assert RECOVERED_TAG in run.tags
+
+
+class LangSmithRecorder(http.server.BaseHTTPRequestHandler):
+    """A local LangSmith endpoint: keeps the JSON bodies of run creates and updates."""
+
+    bodies: ClassVar[list[tuple[str, dict[str, Any]]]] = []
+
+    def _record(self) -> None:
+        data = self.rfile.read(int(self.headers.get("content-length") or 0))
+        if self.headers.get("content-type") == "application/json" and data:
+            self.bodies.append((self.command, json.loads(data)))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = do_PATCH = _record
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def langsmith() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), LangSmithRecorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join()
+
+
+async def test_langsmith_receives_the_retry_events_tag_and_metadata_of_a_recovered_run(
+    server: LoopbackProvider, drive: Drive, langsmith: str
+) -> None:
+    LangSmithRecorder.bodies.clear()
+    client = Client(api_url=langsmith, api_key="x", auto_batch_tracing=False)
+    tracer = LangChainTracer(client=client, project_name="observability")
+    retry_then_cut(server)
+    chunks = await drive.stream(wrapper(server), PROMPT, config={"callbacks": [tracer]})
+    assert text_of(chunks) == ANSWER
+    tracer.wait_for_futures()
+    (end,) = [body for method, body in LangSmithRecorder.bodies if method == "PATCH"]
+    assert [e["kwargs"]["attempt"] for e in end["events"] if e["name"] == "retry"] == [1, 2]
+    assert RECOVERED_TAG in end["tags"]
+    assert end["extra"]["metadata"]["awaken_recovered"] is True
+    assert end["extra"]["metadata"]["awaken_plans"] == ["R4", "R1"]
 
 
 # -- LangGraph: the graph's custom stream --------------------------------------------------
