@@ -37,8 +37,15 @@ from langchain_core.callbacks import (
     CallbackManager,
     CallbackManagerForLLMRun,
 )
+from langchain_core.runnables import RunnableConfig
 from langchain_core.tracers import BaseTracer
 from langchain_core.tracers.base import AsyncBaseTracer
+from langchain_core.tracers.context import (
+    _get_tracer_kwargs,
+    _tracing_v2_is_enabled,
+    tracing_v2_callback_var,
+)
+from langchain_core.tracers.langchain import LangChainTracer
 from langchain_core.tracers.schemas import Run
 from tenacity import RetryCallState, Retrying
 
@@ -233,6 +240,42 @@ def _knows_run(handler: Any, run_id: uuid.UUID) -> bool:
     return not isinstance(handler, BaseTracer | AsyncBaseTracer) or (
         _traced_run(handler, run_id) is not None
     )
+
+
+def _has_langsmith_tracer(callbacks: Any) -> bool:
+    handlers = callbacks.handlers if isinstance(callbacks, BaseCallbackManager) else callbacks
+    return any(isinstance(h, LangChainTracer) for h in handlers or [])
+
+
+def share_tracer(config: RunnableConfig, model_callbacks: Any = None) -> None:
+    """Give a call traced by LangSmith one tracer for its run and its recovery events.
+
+    With tracing turned on by the environment (``LANGSMITH_TRACING``), LangChain
+    makes a new ``LangChainTracer`` each time it sets up the callbacks of a call
+    that brings none; the model's run would start in one tracer while its
+    retries went to another that never saw it. Adding the tracer LangChain would
+    make to the call's callbacks makes every set-up of the call use it, as a
+    parent chain's tracer is used by its children.
+
+    Args:
+        config: The call's config, changed in place.
+        model_callbacks: The model's own ``callbacks``.
+    """
+    if tracing_v2_callback_var.get() is not None or not _tracing_v2_is_enabled():
+        return  # not traced, or every set-up already takes the context's tracer
+    callbacks = config.get("callbacks")
+    if _has_langsmith_tracer(callbacks) or _has_langsmith_tracer(model_callbacks):
+        return
+    try:
+        tracer = LangChainTracer(**_get_tracer_kwargs())
+    except Exception:  # LangChain would warn and go on untraced; so does this call
+        return
+    if isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(tracer, inherit=True)
+        config["callbacks"] = manager
+    else:
+        config["callbacks"] = [*(callbacks or []), tracer]
 
 
 class Reporter:

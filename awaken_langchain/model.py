@@ -34,7 +34,7 @@ from awaken_langchain.accumulator import dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
-from awaken_langchain.events import Report, Reporter
+from awaken_langchain.events import Report, Reporter, share_tracer
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -343,6 +343,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _context(self, config: RunnableConfig | None) -> tuple[RunnableConfig, _CallContext]:
         config = ensure_config(config)
+        share_tracer(config, self.callbacks)
         explicit = config.get("run_id")
         run_id = explicit if isinstance(explicit, uuid.UUID) else uuid.uuid4()
         config["run_id"] = run_id

@@ -8,6 +8,7 @@ LangGraph graphs; spans go through the real opentelemetry-sdk.
 from __future__ import annotations
 
 import asyncio
+import email.parser
 import http.server
 import json
 import logging
@@ -190,14 +191,25 @@ async def test_a_tracer_inside_a_chain_sees_the_retries_under_the_model_run(
 
 
 class LangSmithRecorder(http.server.BaseHTTPRequestHandler):
-    """A local LangSmith endpoint: keeps the JSON bodies of run creates and updates."""
+    """A local LangSmith endpoint: keeps what run creates and updates carry.
 
-    bodies: ClassVar[list[tuple[str, dict[str, Any]]]] = []
+    A JSON request is kept as ``(method, body)``; a multipart batch as one
+    ``(part name, part)`` per part (``"patch.<run id>.events"``, ...).
+    """
+
+    bodies: ClassVar[list[tuple[str, Any]]] = []
 
     def _record(self) -> None:
         data = self.rfile.read(int(self.headers.get("content-length") or 0))
-        if self.headers.get("content-type") == "application/json" and data:
+        kind = self.headers.get("content-type") or ""
+        if kind == "application/json" and data:
             self.bodies.append((self.command, json.loads(data)))
+        elif kind.startswith("multipart/") and data:
+            head = f"content-type: {kind}\r\n\r\n".encode()
+            message = email.parser.BytesParser().parsebytes(head + data)
+            for part in message.get_payload():
+                name = part.get_param("name", header="content-disposition")
+                self.bodies.append((str(name), json.loads(part.get_payload(decode=True))))
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.end_headers()
@@ -234,6 +246,51 @@ async def test_langsmith_receives_the_retry_events_tag_and_metadata_of_a_recover
     assert RECOVERED_TAG in end["tags"]
     assert end["extra"]["metadata"]["awaken_recovered"] is True
     assert end["extra"]["metadata"]["awaken_plans"] == ["R4", "R1"]
+
+
+_TRACED_BY_ENVIRONMENT = """
+import asyncio, sys
+from langchain_core.tracers.langchain import wait_for_all_tracers
+from langchain_openai import ChatOpenAI
+from awaken_langchain import RecoveringChatModel, RetryPolicy
+
+async def no_wait(seconds):
+    pass
+
+inner = ChatOpenAI(model="gpt-4o-mini", base_url=sys.argv[1], api_key="x", max_retries=0)
+policy = RetryPolicy(sleep=lambda s: None, async_sleep=no_wait)
+model = RecoveringChatModel(model=inner, retry_policy=policy)
+if sys.argv[2] == "sync":
+    chunks = list(model.stream("Tell me about the fox"))
+else:
+    async def main():
+        return [c async for c in model.astream("Tell me about the fox")]
+    chunks = asyncio.run(main())
+wait_for_all_tracers()
+print("".join(c.content for c in chunks))
+"""
+
+
+async def test_langsmith_from_the_environment_sees_the_retries_of_a_bare_stream(
+    server: LoopbackProvider, drive: Drive, langsmith: str
+) -> None:
+    LangSmithRecorder.bodies.clear()
+    retry_then_cut(server)
+    traced = {"LANGSMITH_TRACING": "true", "LANGSMITH_ENDPOINT": langsmith}
+    done = await python(
+        _TRACED_BY_ENVIRONMENT,
+        server.base_url_openai,
+        drive.mode,
+        env={**traced, "LANGSMITH_API_KEY": "x"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ANSWER
+    parts = dict(LangSmithRecorder.bodies)
+    (end,) = [name for name in parts if name.startswith("patch.") and name.count(".") == 1]
+    events = parts[f"{end}.events"]
+    assert [e["kwargs"]["attempt"] for e in events if e["name"] == "retry"] == [1, 2]
+    assert RECOVERED_TAG in parts[end]["tags"]
+    assert parts[f"{end}.extra"]["metadata"]["awaken_plans"] == ["R4", "R1"]
 
 
 # -- LangGraph: the graph's custom stream --------------------------------------------------
@@ -491,9 +548,11 @@ assert _telemetry.start_turn("gpt-4o-mini", "openai") is None  # the API alone r
 """
 
 
-async def python(source: str, *args: str) -> subprocess.CompletedProcess[str]:
+async def python(
+    source: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """Run ``source`` in a fresh interpreter that imports this checkout."""
-    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": REPO_ROOT}
     command = [sys.executable, "-c", source, *args]
     return await asyncio.to_thread(
         subprocess.run, command, env=env, capture_output=True, text=True, timeout=120
