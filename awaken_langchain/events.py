@@ -392,11 +392,11 @@ class Reporter:
 
     @contextlib.contextmanager
     def turn(self, state: TurnState) -> Iterator[None]:
-        """Cover one turn, all its attempts: its span, and the run's recovered mark.
+        """Cover one turn, all its attempts: its span, and the run's recovery marks.
 
         On the way out (before LangChain ends the model's run), a turn that
-        recovered adds `RECOVERED_TAG` and ``awaken_*`` metadata to the run that
-        LangChain tracers hold for it.
+        needed recovery adds ``awaken_*`` metadata to the run that LangChain
+        tracers hold for it, and, when it ended with an answer, `RECOVERED_TAG`.
         """
         self._span = _telemetry.start_turn(self._model, self._provider)
         failure: BaseException | None = None
@@ -411,9 +411,9 @@ class Reporter:
                 self._span.end(state.acc, metadata, failure)
                 self._span = None
             if metadata["plans"] or metadata["resumed"]:
-                self._mark_recovered(metadata)
+                self._mark_runs(metadata, recovered=failure is None)
 
-    def _mark_recovered(self, metadata: AwakenMetadata) -> None:
+    def _mark_runs(self, metadata: AwakenMetadata, *, recovered: bool) -> None:
         try:
             if self._run_manager is not None:
                 handlers = self._run_manager.handlers
@@ -425,11 +425,11 @@ class Reporter:
                 run = _traced_run(handler, self.run_id)
                 if run is None:
                     continue
-                if RECOVERED_TAG not in (run.tags or []):
+                if recovered and RECOVERED_TAG not in (run.tags or []):
                     run.tags = [*(run.tags or []), RECOVERED_TAG]
                 run.extra.setdefault("metadata", {}).update(
                     {
-                        "awaken_recovered": True,
+                        "awaken_recovered": recovered,
                         "awaken_plans": list(metadata["plans"]),
                         "awaken_retries": metadata["retries"],
                         "awaken_continuations": metadata["continuations"],

@@ -161,6 +161,22 @@ async def test_a_recovered_turn_is_tagged_and_described_in_the_traced_model_run(
     assert output["response_metadata"]["awaken"]["plans"] == ["R4", "R1"]
 
 
+async def test_a_turn_that_could_not_be_recovered_is_traced_with_its_retries_but_untagged(
+    server: LoopbackProvider, drive: Drive
+) -> None:
+    server.default = Scenario(text=ANSWER, fault=Fault.drop_after_events(5))
+    tracer = RecordingTracer()
+    model = wrapper(server, policy={"max_continuations": 1})
+    with pytest.raises(StreamInterruptedError):
+        await drive.stream(model, PROMPT, config={"callbacks": [tracer]})
+    run = model_run(tracer)
+    assert run.error is not None
+    assert [e["name"] for e in run.events].count("retry") == 1
+    assert RECOVERED_TAG not in run.tags
+    assert run.extra["metadata"]["awaken_recovered"] is False
+    assert run.extra["metadata"]["awaken_plans"] == ["R1"]
+
+
 async def test_a_turn_without_a_fault_leaves_the_traced_run_as_the_bare_model_leaves_it(
     server: LoopbackProvider, drive: Drive
 ) -> None:
