@@ -133,6 +133,7 @@ class TurnEngine:
         self.plans: list[str] = []
         self.interruptions: list[dict[str, Any]] = []
         self.resumed = False
+        self.replayed = False
         self.continuing = False
         self.done = False
         self.epoch: int | None = None
@@ -184,6 +185,9 @@ class TurnEngine:
                     ],
                 )
             )
+        for chunk in out:  # a UI tells replayed text from new text by this mark
+            chunk.response_metadata = {**chunk.response_metadata, "awaken": {"replayed": True}}
+        self.replayed = bool(out)
         if checkpoint.complete:  # finished before memory committed it: no request needed
             self.done = True
             resumed_as = "complete"
@@ -298,7 +302,7 @@ class TurnEngine:
             return Step(
                 chunks=held,
                 write=self.snapshot(),
-                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished)],
+                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished, failure=exc)],
             )
         decision = self.policy.should_retry(
             exc, attempt=count, elapsed=self.policy.clock() - self.started, phase=phase
@@ -345,7 +349,7 @@ class TurnEngine:
         return Step(
             chunks=held,
             write=self.snapshot(),
-            reports=[Report(event, data)],
+            reports=[Report(event, data, failure=exc)],
             delay=decision.delay,
         )
 
@@ -428,6 +432,7 @@ class TurnEngine:
             "retries": self.retries,
             "continuations": self.continuations,
             "resumed": self.resumed,
+            "replayed": self.replayed,
             "interruptions": list(self.interruptions),
             "seconds_waited": round(self.waited, 6),
             "regenerated_output_tokens": estimate_tokens(regenerated),

@@ -34,7 +34,7 @@ from awaken_langchain.accumulator import dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
-from awaken_langchain.events import Report, Reporter
+from awaken_langchain.events import Report, Reporter, share_tracer
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -343,6 +343,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _context(self, config: RunnableConfig | None) -> tuple[RunnableConfig, _CallContext]:
         config = ensure_config(config)
+        share_tracer(config, self.callbacks)
         explicit = config.get("run_id")
         run_id = explicit if isinstance(explicit, uuid.UUID) else uuid.uuid4()
         config["run_id"] = run_id
@@ -556,7 +557,14 @@ class RecoveringChatModel(BaseChatModel):
             # a whole answer is translated once it is whole, as for the inner model
             standard_blocks=not whole and getattr(inner, "output_version", None) == "v1",
         )
-        reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
+        params = inner._get_ls_params()
+        reporter = Reporter(
+            ctx.run_id,
+            self._callback_settings(ctx),
+            run_manager,
+            model=params.get("ls_model_name"),
+            provider=params.get("ls_provider"),
+        )
         return TurnEngine(turn, request), reporter
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -610,7 +618,8 @@ class RecoveringChatModel(BaseChatModel):
 
     def _run(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         try:
-            yield from self._turn(engine, reporter)
+            with reporter.turn(engine):
+                yield from self._turn(engine, reporter)
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
@@ -738,8 +747,9 @@ class RecoveringChatModel(BaseChatModel):
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
         try:
-            async for chunk in self._aturn(engine, reporter):
-                yield chunk
+            with reporter.turn(engine):
+                async for chunk in self._aturn(engine, reporter):
+                    yield chunk
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
