@@ -300,6 +300,12 @@ class TurnAccumulator:
         return self._text
 
     @property
+    def nothing_shown(self) -> bool:
+        """Whether output arrived in this turn and none of it has been released."""
+        released = self.text or self._content or self.completed or self.additional_kwargs
+        return bool(self._held or self._held_kwargs) and not released
+
+    @property
     def in_flight(self) -> _OpenCall | None:
         """The tool call whose arguments are still arriving, if any."""
         if not self._open:
@@ -427,7 +433,8 @@ class TurnAccumulator:
             if self._reasoning is not None:
                 self._complete_reasoning(out)
             self._close_blocks(out)
-            self._release_held(out)
+            if not self.hold_text:  # one document is released when its stream has ended
+                self._release_held(out)
             for index in sorted(self._open):
                 self._close_call(self._open.pop(index), out, interrupted=False)
         self.emitted_in_attempt += len(out)

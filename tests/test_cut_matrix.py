@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk
+from pydantic import BaseModel
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
@@ -45,6 +46,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     TokenUsage,
     continuation_responder,
+    schema_responder,
 )
 from awaken_langchain.testing._scenarios import Provider
 from awaken_langchain.testing._wire import (
@@ -53,6 +55,7 @@ from awaken_langchain.testing._wire import (
     anthropic_frames,
     estimate_usage,
     openai_frames,
+    responses_frames,
 )
 
 PROMPT = "Answer, please."
@@ -428,3 +431,173 @@ def test_uncut_anthropic_answer_keeps_its_content_blocks(
     server.default = STREAMS[name]
     message, _ = recover(wrapper("anthropic", server), "stream")
     assert message.content == reference.content
+
+
+# -- structured output: one JSON document, restarted at every cut ----------------------
+#
+# Every ``with_structured_output`` method of the real clients, through the wrapper, is
+# answered by ``schema_responder`` (a document valid against the request's own schema or
+# a forced call with such arguments) and cut at every event boundary, at the middle
+# byte of every event, and by a clean end before the terminal event.
+# Each cut runs once sync and once async, in ``invoke``/``stream`` (``ainvoke``/``astream``)
+# by turns: the parsed object the caller gets (the last one streamed) equals the uncut one.
+
+
+class Forecast(BaseModel):
+    """A forecast."""
+
+    city: str
+    summary: str
+
+
+STRUCTURED_PROMPT = "The forecast for Paris as JSON with the keys 'city' and 'summary'."
+STRUCTURED: dict[str, tuple[Provider, str]] = {
+    "chat-json_schema": ("openai", "json_schema"),
+    "chat-function_calling": ("openai", "function_calling"),
+    "chat-json_mode": ("openai", "json_mode"),
+    "responses-json_schema": ("openai-responses", "json_schema"),
+    "responses-function_calling": ("openai-responses", "function_calling"),
+    "responses-json_mode": ("openai-responses", "json_mode"),
+    "anthropic-function_calling": ("anthropic", "function_calling"),
+    "anthropic-json_schema": ("anthropic", "json_schema"),
+}
+
+
+def structured_inner(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
+    if provider == "openai-responses":
+        from langchain_openai import ChatOpenAI
+
+        return ChatOpenAI(
+            model=MODELS["openai"],
+            base_url=server.base_url_openai,
+            api_key="x",
+            max_retries=0,
+            use_responses_api=True,
+        )
+    return inner_model(provider, server)
+
+
+def request_frames(request: RecordedRequest) -> list[Frame]:
+    """The frames the server sends ``schema_responder``'s answer to ``request`` in."""
+    assert request.provider is not None
+    scenario = schema_responder()(request)
+    body: Any = request.body
+    ctx = ResponseContext(
+        number=request.number,
+        model=str(body.get("model")),
+        usage=estimate_usage(body, scenario),
+        include_usage=request.provider == "openai"
+        and bool((body.get("stream_options") or {}).get("include_usage")),
+        request=body,
+    )
+    render = {
+        "openai": openai_frames,
+        "anthropic": anthropic_frames,
+        "openai-responses": responses_frames,
+    }[request.provider]
+    return render(scenario, ctx)
+
+
+def frame_cuts(frames: list[Frame]) -> list[Cut]:
+    """Every event boundary, the middle byte of every event, every clean end before the end.
+
+    One byte per event: the first and last bytes of events are cut in the text and
+    tool streams above, and a byte cut delivers the same events as a boundary cut.
+    """
+    first_terminal = next(i for i, f in enumerate(frames) if f.terminal)
+    out = [Cut("events", n) for n in range(len(frames) + 1)]
+    out += [Cut("bytes", n, "middle") for n in range(len(frames))]
+    out += [Cut("eof", n) for n in range(first_terminal + 1)]
+    return out
+
+
+class CutSchemaAnswerOnce:
+    """Answers like ``schema_responder``; the first request's answer is cut at ``cut``."""
+
+    def __init__(self, cut: Cut) -> None:
+        self.cut = cut
+        self.answer = schema_responder()
+        self.first = True
+
+    def __call__(self, request: RecordedRequest) -> Scenario:
+        scenario = self.answer(request)
+        if self.first:
+            self.first = False
+            return dataclasses.replace(scenario, fault=self.cut.fault(request_frames(request)))
+        return scenario
+
+
+def structured_model(case: str, server: LoopbackProvider, *, bare: bool = False) -> Any:
+    provider, method = STRUCTURED[case]
+    inner = structured_inner(provider, server)
+    model: BaseChatModel = inner
+    if not bare:
+        policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
+        model = RecoveringChatModel(model=inner, retry_policy=policy)
+    return model.with_structured_output(Forecast, method=method)  # type: ignore[arg-type]
+
+
+def uncut_structured(case: str, server: LoopbackProvider) -> tuple[Any, list[Cut]]:
+    """The bare client's parsed answer and every cut of its stream."""
+    server.reset()
+    server.default = schema_responder()
+    expected = list(structured_model(case, server, bare=True).stream(STRUCTURED_PROMPT))[-1]
+    assert isinstance(expected, Forecast)
+    return expected, frame_cuts(request_frames(server.requests[0]))
+
+
+def structured_failures(
+    server: LoopbackProvider, expected: Any, cut: Cut, mode: str, got: Any
+) -> list[str]:
+    """What differs from the uncut answer after ``cut`` (empty when nothing does)."""
+    problems = []
+    if got != expected:
+        problems.append(f"{cut.id} {mode}: parsed {str(got)[:150]!r}")
+    if server.errors or any(r.rejected_by for r in server.requests):
+        problems.append(f"{cut.id} {mode}: the provider rejected a request")
+    return problems
+
+
+@pytest.mark.parametrize("case", list(STRUCTURED))
+def test_a_structured_answer_cut_anywhere_parses_to_the_uncut_object(
+    server: LoopbackProvider, case: str
+) -> None:
+    expected, all_cuts = uncut_structured(case, server)
+    structured = structured_model(case, server)
+    problems: list[str] = []
+    for number, cut in enumerate(all_cuts):
+        for mode in (("invoke", "stream")[number % 2],):
+            server.reset()
+            server.default = CutSchemaAnswerOnce(cut)
+            try:
+                if mode == "invoke":
+                    got = structured.invoke(STRUCTURED_PROMPT)
+                else:
+                    got = list(structured.stream(STRUCTURED_PROMPT))[-1]
+            except Exception as exc:  # every cut is reported, not only the first
+                got = exc
+            problems += structured_failures(server, expected, cut, mode, got)
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize("case", list(STRUCTURED))
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_structured_answer_cut_anywhere_parses_to_the_uncut_object_async(
+    server: LoopbackProvider, case: str
+) -> None:
+    expected, all_cuts = uncut_structured(case, server)
+    structured = structured_model(case, server)
+    problems: list[str] = []
+    for number, cut in enumerate(all_cuts):
+        for mode in (("ainvoke", "astream")[number % 2],):
+            server.reset()
+            server.default = CutSchemaAnswerOnce(cut)
+            try:
+                if mode == "ainvoke":
+                    got = await structured.ainvoke(STRUCTURED_PROMPT)
+                else:
+                    got = [part async for part in structured.astream(STRUCTURED_PROMPT)][-1]
+            except Exception as exc:  # every cut is reported, not only the first
+                got = exc
+            problems += structured_failures(server, expected, cut, mode, got)
+    assert problems == [], "\n".join(problems)
