@@ -363,6 +363,13 @@ class TurnAccumulator:
                 len(p) if isinstance(p, str) else _size(p) for p in self._held
             )
             self._held = []
+        # a text block cut before its first text (only its citations came) is sent again
+        begun = {b.get("index") for b in self._content if isinstance(b, dict)}
+        self._held = [
+            p
+            for p in self._held
+            if not (_is_text(p) and p.get("text") == "" and p.get("index") not in begun)
+        ]
         self._pending = {}
         self._block_map = {}
         kept = [b.get("index") for b in (*self._content, *self._held) if isinstance(b, dict)]
@@ -680,16 +687,16 @@ class TurnAccumulator:
             raw = block.get("index")
             if raw is not None and raw not in self._block_map:
                 self._close_blocks(out)  # blocks arrive one after another
+                if block.get("citations"):  # a block that opens citing begins, never extends
+                    self._continued = None
             index = self._map_block(raw, text=_is_text(block))
             piece = dict(block)
             if raw is not None:
                 piece["index"] = index
             if _is_text(piece):
                 self._text_index = index
-                if set(piece) - _TEXT_KEYS:  # citations, annotations, an id
+                if set(piece) - _TEXT_KEYS:  # citations, annotations, an id: shown with text
                     self._held.append({**piece, "text": ""})
-                    if not self.hold_text and self._visible:
-                        self._release_held(out)
                 self._feed_text(str(block.get("text") or ""), out)
                 continue
             self._release_seam(out)
