@@ -38,6 +38,7 @@ from awaken_langchain.testing import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
     schema_responder,
 )
 from awaken_langchain.testing._wire import unseal
@@ -140,7 +141,7 @@ def what_invoke_returns(message: AIMessage) -> dict[str, Any]:
     return found
 
 
-_NUMBERED = re.compile(r"_loopback_\d+")
+_NUMBERED = re.compile(r"_loopback_\d+|(?<=srvtoolu)_\d+")
 
 
 def renumbered(value: Any) -> Any:
@@ -517,3 +518,105 @@ async def test_a_configurable_inner_model_is_resolved_from_each_calls_config(
     assert message.content == TEXT
     assert message.response_metadata["awaken"]["plans"] == ["R1"]
     assert [r.body["model"] for r in server.requests] == ["gpt-4o", "gpt-4o"]
+
+
+# -- a resumed turn keeps its citations and annotations -------------------------------------
+
+SEARCHED = Scenario(
+    text="Foxes are small omnivores. They cache food and live in dens.",
+    web_searches=[ScriptedWebSearch("fox habits", [("https://example.com/foxes", "Foxes")])],
+    citations=[
+        ScriptedCitation(0, 26, "https://example.com/foxes", "Foxes"),
+        ScriptedCitation(45, 60, "https://example.com/dens", "Dens"),
+    ],
+    chunk_size=8,
+)
+RESUMED = {"anthropic": SEARCHED, "responses/v1": dataclasses.replace(SEARCHED, web_searches=())}
+
+
+def continuing(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """The first request breaks with ``fault``; a continuation gets exactly the rest."""
+    numbers = itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if next(numbers) == 0:
+            return dataclasses.replace(answer, fault=fault)
+        prefix = "".join(
+            str(b.get("text", ""))
+            for m in request.messages
+            if m.get("role") == "assistant"
+            for b in (m["content"] if isinstance(m.get("content"), list) else [])
+            if isinstance(b, dict) and b.get("type") in ("text", "output_text")
+        )
+        if prefix and answer.full_text.startswith(prefix):
+            return answer.continued_after(len(prefix))
+        return answer
+
+    return respond
+
+
+@pytest.mark.parametrize("surface", list(RESUMED))
+async def test_a_turn_resumed_by_another_process_keeps_its_citations_at_every_cut(
+    servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
+) -> None:
+    answer = RESUMED[surface]
+    uncut_server = servers()
+    uncut_server.default = answer
+    expected = what_a_user_reads(
+        await drive.invoke(bare(surface, uncut_server), "q"), transport=False
+    )
+    server = servers()
+    for events in itertools.count(1):  # every event boundary, until the cut is past the end
+        store = InMemoryStreamCheckpointStore()
+        first = RecoveringChatModel(
+            model=bare(surface, server),
+            retry_policy=RetryPolicy(max_continuations=0, max_attempts=1),
+            store=store,
+            checkpoint_key=lambda _config: "turn",
+            checkpoint_every_chunks=1,
+        )
+        server.reset()
+        server.default = continuing(answer, Fault.drop_after_events(events))
+        try:
+            await drive.invoke(first, "q")
+        except StreamInterruptedError:  # this process gives up on the turn
+            pass
+        else:
+            break
+        saved = store.get("turn")
+        assert saved is not None
+        second = RecoveringChatModel(  # a new process, the same store
+            model=bare(surface, server),
+            retry_policy=NO_WAIT,
+            store=store,
+            checkpoint_key=lambda _config: "turn",
+        )
+        found = what_a_user_reads(await drive.invoke(second, "q"), transport=False)
+        assert not rejected(server)
+        arrived = len(saved.partial_text)
+        begun = [c for c in answer.citations if c.start < arrived]
+        kept = sum(
+            len(t.fields.get("citations") or t.fields.get("annotations") or [])
+            for t in saved.text_blocks
+        )
+        if kept == len(begun) and not any(c.start < arrived <= c.end for c in begun):
+            assert renumbered(found) == renumbered(expected), f"cut after {events} events"
+            continue
+        # a cut through a cited span or at its end, or before a Responses annotation of
+        # text already sent, is recovered as in one process (see the README's limits)
+        server.reset()
+        server.default = continuing(answer, Fault.drop_after_events(events))
+        in_process = await drive.invoke(wrapped(surface, server), "q")
+        assert renumbered(found) == renumbered(what_a_user_reads(in_process, transport=False))
+    assert events > 10  # the loop went through the stream
+
+
+def test_a_record_without_text_blocks_still_loads_and_resumes_its_text() -> None:
+    from awaken_langchain.accumulator import TurnAccumulator
+
+    record = StreamCheckpoint.model_validate(
+        {"schema_version": 3, "run_id": "old", "partial_text": "Hello", "content_blocks": True}
+    )
+    assert record.text_blocks == ()
+    replayed = TurnAccumulator("m", record).replay()
+    assert [c.content for c in replayed] == [[{"type": "text", "text": "Hello", "index": 0}]]
