@@ -723,7 +723,10 @@ class TurnAccumulator:
                 piece["index"] = index
             if _is_text(piece):
                 self._text_index = index
-                if index is not None and index == self._extended and piece.get("annotations"):
+                extends = index is not None and index == self._extended
+                if extends and "id" in piece and self._has_id(index):
+                    piece.pop("id")  # the text continues the original item: its id stays
+                if extends and piece.get("annotations"):
                     repeated = self._seam.removed_chars if self._seam is not None else 0
                     by = self._continued_from - repeated
                     piece["annotations"] = _shifted(piece["annotations"], by)
@@ -745,6 +748,11 @@ class TurnAccumulator:
             self._pending[index] = merged
             if _block_is_whole(merged):
                 self._complete_block(self._pending.pop(index), out)
+
+    def _has_id(self, index: Any) -> bool:
+        """Whether the turn's block ``index`` already carries its item id."""
+        blocks = (*self._content, *self._held)
+        return any(isinstance(b, dict) and b.get("index") == index and b.get("id") for b in blocks)
 
     def _map_block(self, raw: Any, *, text: bool) -> Any:
         """The turn's index for a block index of this attempt."""

@@ -273,7 +273,8 @@ def cut_fault(surface: str, cut: str) -> Fault:
 
 
 def without_message_ids(value: Any) -> Any:
-    """A continued text's item id is the continuation's (see the README's limits)."""
+    """Without message item ids: a text item cut mid-text never showed its id (langchain-openai
+    passes it with the item's end), so the continued item carries the continuation's."""
     if isinstance(value, list):
         return [
             {k: v for k, v in b.items() if not (k == "id" and str(v).startswith("msg_"))}
@@ -620,3 +621,27 @@ def test_a_record_without_text_blocks_still_loads_and_resumes_its_text() -> None
     assert record.text_blocks == ()
     replayed = TurnAccumulator("m", record).replay()
     assert [c.content for c in replayed] == [[{"type": "text", "text": "Hello", "index": 0}]]
+
+
+@pytest.mark.parametrize("surface", ["responses/v1", "v1"])
+async def test_a_continuation_that_repeats_the_end_keeps_the_original_text_items_id(
+    servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = THINK_AND_CALL
+    uncut = merged(await drive.stream(bare(surface, uncut_server), "q"))
+    # the text item is whole (its id arrived), the call is cut; the provider repeats the
+    # end of the text before calling again, and the repeat is removed at the seam
+    repeat = dataclasses.replace(THINK_AND_CALL, text=TEXT[-10:], thinking=[])
+    server.enqueue(
+        dataclasses.replace(THINK_AND_CALL, fault=RESPONSES_CUTS["mid-tool-arguments"]), repeat
+    )
+    message = merged(await drive.stream(wrapped(surface, server), "q"))
+    assert message.response_metadata["awaken"]["plans"] == ["R3"]
+
+    def text_ids(m: AIMessage) -> list[Any]:
+        return [b.get("id") for b in m.content if isinstance(b, dict) and b["type"] == "text"]
+
+    assert text_ids(message) == text_ids(uncut) == ["msg_loopback_1"]
+    assert renumbered(message.content) == renumbered(uncut.content)
+    assert not rejected(server)
