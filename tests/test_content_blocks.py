@@ -645,3 +645,78 @@ async def test_a_continuation_that_repeats_the_end_keeps_the_original_text_items
     assert text_ids(message) == text_ids(uncut) == ["msg_loopback_1"]
     assert renumbered(message.content) == renumbered(uncut.content)
     assert not rejected(server)
+
+
+# -- a configurable inner model: tools and structured output bound per call ---------------
+
+
+def configurable_wrapper() -> RecoveringChatModel:
+    from langchain.chat_models import init_chat_model
+
+    configurable = init_chat_model(
+        "gpt-4o-mini",
+        model_provider="openai",
+        configurable_fields=("model", "model_provider", "base_url"),
+        api_key="x",
+        max_retries=0,
+    )
+    return RecoveringChatModel(model=configurable, retry_policy=NO_WAIT)
+
+
+def resolving_to(provider: str, server: LoopbackProvider) -> dict[str, Any]:
+    if provider == "anthropic":
+        settings = {"model": "claude-sonnet-4-6", "base_url": server.base_url_anthropic}
+        return {"configurable": {**settings, "model_provider": "anthropic"}}
+    settings = {"model": "gpt-4o", "base_url": server.base_url_openai}
+    return {"configurable": {**settings, "model_provider": "openai"}}
+
+
+def cut_first(fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """Answers like ``schema_responder``; the first answer breaks with ``fault``."""
+    answer, numbers = schema_responder(), itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        scenario = answer(request)
+        return dataclasses.replace(scenario, fault=fault) if next(numbers) == 0 else scenario
+
+    return respond
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("cut", [None, 3, 6], ids=["uncut", "cut-3", "cut-6"])
+async def test_tools_bound_on_a_configurable_inner_model_go_to_the_model_each_call_picks(
+    servers: Callable[[], LoopbackProvider], provider: str, cut: int | None, drive: Drive
+) -> None:
+    server = servers()
+    server.default = cut_first(Fault.drop_after_events(cut)) if cut else schema_responder()
+    bound = configurable_wrapper().bind_tools([get_temperature], tool_choice="any")
+    config = resolving_to(provider, server)
+    message = await drive.invoke(bound, "Temperature in Utrecht?", config=config)
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+        ("get_temperature", {"city": "example city"})
+    ]
+    first = server.requests[0]
+    assert first.provider == provider
+    assert first.body["model"] == config["configurable"]["model"]
+    assert [t.get("name") or t["function"]["name"] for t in first.body["tools"]] == [
+        "get_temperature"
+    ]
+    assert len(server.requests) == (2 if cut else 1)
+    assert not rejected(server)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("cut", [None, 3, 6], ids=["uncut", "cut-3", "cut-6"])
+async def test_structured_output_on_a_configurable_inner_model_parses_for_the_model_each_call_picks(
+    servers: Callable[[], LoopbackProvider], provider: str, cut: int | None, drive: Drive
+) -> None:
+    server = servers()
+    server.default = cut_first(Fault.drop_after_events(cut)) if cut else schema_responder()
+    structured = configurable_wrapper().with_structured_output(Weather)
+    config = resolving_to(provider, server)
+    result = await drive.invoke(structured, "Weather in Utrecht?", config=config)
+    assert result == Weather(city="example city", degrees=3)
+    streamed = (await drive.stream(structured, "Weather in Utrecht?", config=config))[-1]
+    assert streamed == result
+    assert {r.provider for r in server.requests} == {provider}
+    assert not rejected(server)
