@@ -43,7 +43,7 @@ from awaken_langchain.testing import (
 )
 from awaken_langchain.testing._wire import unseal
 from awaken_langchain.testing.server import RecordedRequest
-from tests.conftest import Drive
+from tests.conftest import Drive, loopback_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -401,16 +401,9 @@ class Weather(BaseModel):
 
 
 def plain(provider: str, server: LoopbackProvider) -> BaseChatModel:
-    if provider == "anthropic":
-        return ChatAnthropic(  # type: ignore[call-arg]
-            model="claude-sonnet-4-6",
-            base_url=server.base_url_anthropic,
-            api_key="x",
-            max_retries=0,
-        )
-    return ChatOpenAI(
-        model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
-    )
+    if provider == "anthropic":  # a model with a profile
+        return loopback_client(provider, server, model="claude-sonnet-4-6")
+    return loopback_client("openai", server)
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])

@@ -61,9 +61,11 @@ from awaken_langchain.testing._wire import (
     openai_frames,
     responses_frames,
 )
+from tests.conftest import LOOPBACK_MODELS, loopback_client
 
 PROMPT = "Answer, please."
 MODELS: dict[Provider, str] = {"openai": "gpt-4o-mini", "anthropic": "claude-loopback"}
+assert MODELS == LOOPBACK_MODELS
 USAGE = TokenUsage(input_tokens=12, output_tokens=34)
 
 PROSE = (
@@ -278,35 +280,14 @@ def server() -> Iterator[LoopbackProvider]:
         yield provider
 
 
-_INNER: dict[tuple[Provider, int], BaseChatModel] = {}
 _UNCUT: dict[tuple[str, Provider], AIMessage] = {}
 
 
 def inner_model(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
-    key = (provider, server.port)
-    if key not in _INNER:
-        if provider == "openai":
-            from langchain_openai import ChatOpenAI
-
-            # usage streamed on every request, so each call's stream has the events
-            # the cuts were drawn from (``include_usage`` adds one)
-            _INNER[key] = ChatOpenAI(
-                model=MODELS[provider],
-                base_url=server.base_url_openai,
-                api_key="x",
-                max_retries=0,
-                stream_usage=True,
-            )
-        else:
-            from langchain_anthropic import ChatAnthropic
-
-            _INNER[key] = ChatAnthropic(  # type: ignore[call-arg]
-                model=MODELS[provider],
-                base_url=server.base_url_anthropic,
-                api_key="x",
-                max_retries=0,
-            )
-    return _INNER[key]
+    # usage streamed on every request, so each call's stream has the events the cuts
+    # were drawn from (``include_usage`` adds one)
+    settings = {"stream_usage": True} if provider == "openai" else {}
+    return loopback_client(provider, server, **settings)
 
 
 def _no_sleep(seconds: float) -> None:
@@ -588,15 +569,7 @@ STRUCTURED: dict[str, tuple[Provider, str]] = {
 
 def structured_inner(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
     if provider == "openai-responses":
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
-            model=MODELS["openai"],
-            base_url=server.base_url_openai,
-            api_key="x",
-            max_retries=0,
-            use_responses_api=True,
-        )
+        return loopback_client("openai", server, use_responses_api=True)
     return inner_model(provider, server)
 
 
