@@ -543,8 +543,9 @@ def test_uncut_anthropic_answer_keeps_its_content_blocks(
 # answered by ``schema_responder`` (a document valid against the request's own schema or
 # a forced call with such arguments) and cut at every event boundary, at the middle
 # byte of every event, and by a clean end before the terminal event.
-# Each cut runs once sync and once async, in ``invoke``/``stream`` (``ainvoke``/``astream``)
-# by turns: the parsed object the caller gets (the last one streamed) equals the uncut one.
+# Each cut runs sync, in ``invoke`` and ``stream`` by turns, and each cut but the byte cuts
+# async (``ainvoke``/``astream`` by turns): the parsed object the caller gets (the last
+# one streamed) equals the uncut one.
 
 
 class Forecast(BaseModel):
@@ -684,7 +685,8 @@ async def test_a_structured_answer_cut_anywhere_parses_to_the_uncut_object_async
     expected, all_cuts = uncut_structured(case, server)
     structured = structured_model(case, server)
     problems: list[str] = []
-    for number, cut in enumerate(all_cuts):
+    # async samples: every event boundary and clean end; the byte cuts run sync only
+    for number, cut in enumerate(c for c in all_cuts if c.kind != "bytes"):
         for mode in (("ainvoke", "astream")[number % 2],):
             server.reset()
             server.default = CutSchemaAnswerOnce(cut)
