@@ -97,6 +97,18 @@ class CompletedBlock(BaseModel):
     """How many characters of ``partial_text`` came before the block."""
 
 
+class TextBlockStart(BaseModel):
+    """Where a text block of the turn begins, and what it carries besides its text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text_offset: int = Field(default=0, ge=0)
+    """How many characters of ``partial_text`` came before the block."""
+    fields: dict[str, Any] = Field(default_factory=dict)
+    """The block's keys other than ``type`` and ``text`` (JSON): Anthropic
+    ``citations``, Responses ``annotations`` and item ``id``..."""
+
+
 class StreamCheckpoint(BaseModel):
     """One in-flight assistant turn, as far as it had arrived.
 
@@ -137,6 +149,10 @@ class StreamCheckpoint(BaseModel):
     completed_blocks: tuple[CompletedBlock, ...] = ()
     """Whole content blocks other than text, in order, each with its place in the
     text; a cut-off block is never recorded (it could not be sent back)."""
+    text_blocks: tuple[TextBlockStart, ...] = ()
+    """Where each text block begins in ``partial_text``, with its citations or
+    annotations, for models that stream content blocks (empty in older records:
+    their text is resumed as one block per stretch between other blocks)."""
     complete: bool = False
     """Whether the turn has finished (a terminal signal arrived, or it was finished
     with its whole tool calls). A complete checkpoint holds the whole answer and is

@@ -17,9 +17,11 @@ from typing import Any
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
+from pydantic import ValidationError
 
 from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.classify import _raised_inside_provider_sdk
 from awaken_langchain.errors import (
     StreamCheckpointError,
     StreamCheckpointFencedError,
@@ -103,6 +105,17 @@ def describe(exc: BaseException) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _rejected_unfinished_answer(exc: Exception) -> bool:
+    """Whether a provider SDK failed to assemble an answer that ended without its terminal event.
+
+    The openai SDK's structured-output stream checks its final completion when the
+    body ends: a document cut short fails validation (``pydantic.ValidationError``),
+    an answer with no event at all fails an assertion. Either way the stream ended
+    early, which is an interruption like any other.
+    """
+    return isinstance(exc, ValidationError | AssertionError) and _raised_inside_provider_sdk(exc)
 
 
 class TurnEngine:
@@ -273,9 +286,13 @@ class TurnEngine:
     def on_failure(self, exc: Exception) -> Step:
         """Decide what to do about an interruption of the current attempt."""
         held = _wrap(self.acc.end_of_text())
-        if self.acc.terminal:  # the answer was complete; only the epilogue broke
+        if self.acc.terminal and not (self.request.one_document and self.acc.nothing_shown):
+            # the answer was complete; only the epilogue broke (one document not shown yet
+            # is asked again: its epilogue, a parsed copy of it, is part of the answer)
             self.done = True
             return Step(chunks=held)
+        if not self.acc.terminal and _rejected_unfinished_answer(exc):
+            exc = StreamEndedEarlyError(chunks_received=self.acc.chunks_in_attempt)
         text = self.acc.text
         plan = self._plan(
             text=text,

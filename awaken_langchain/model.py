@@ -29,6 +29,7 @@ from pydantic import ConfigDict, Field, model_validator
 from typing_extensions import override
 
 from awaken_langchain._idle import Pump, with_idle_timeout
+from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._rebind import replace_model, with_settings
 from awaken_langchain.accumulator import dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
@@ -466,6 +467,8 @@ class RecoveringChatModel(BaseChatModel):
         """Bind tools the way the inner model does, keeping this wrapper in the chain."""
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
+        if not isinstance(self.model, BaseChatModel):  # configurable: bound at each call
+            return BoundPerCall(self, "bind_tools", (tools,), kwargs)
         bound = self._bindable().bind_tools(tools, **kwargs)
         return cast(Runnable[LanguageModelInput, AIMessage], self._rebind(bound))
 
@@ -474,18 +477,16 @@ class RecoveringChatModel(BaseChatModel):
         self, schema: Any, *, include_raw: bool = False, **kwargs: Any
     ) -> Runnable[LanguageModelInput, Any]:
         """Structured output as the inner model builds it, with this wrapper in the chain."""
+        if not isinstance(self.model, BaseChatModel):  # configurable: built at each call
+            kwargs["include_raw"] = include_raw
+            return BoundPerCall(self, "with_structured_output", (schema,), kwargs)
         runnable = self._bindable().with_structured_output(
             schema, include_raw=include_raw, **kwargs
         )
         return cast(Runnable[LanguageModelInput, Any], self._rebind(runnable))
 
     def _bindable(self) -> BaseChatModel:
-        if not isinstance(self.model, BaseChatModel):
-            raise NotImplementedError(
-                "tools and structured output need a concrete inner model: bind them on "
-                "init_chat_model(...) without configurable_fields, or on each configured model"
-            )
-        return self.model
+        return self._inner()
 
     def _rebind(self, runnable: Any) -> Any:
         replaced = replace_model(runnable, self._bindable(), self)
