@@ -97,6 +97,17 @@ class CompletedBlock(BaseModel):
     """How many characters of ``partial_text`` came before the block."""
 
 
+class ModelSpan(BaseModel):
+    """Where the text written by one model of a turn begins (a turn that moved to a fallback)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    """The model's identifier (as in ``StreamCheckpoint.model``)."""
+    start: int = Field(default=0, ge=0)
+    """How many characters of ``partial_text`` came before the model took over."""
+
+
 class StreamCheckpoint(BaseModel):
     """One in-flight assistant turn, as far as it had arrived.
 
@@ -116,7 +127,9 @@ class StreamCheckpoint(BaseModel):
     thread_id: str | None = None
     """The conversation thread the turn belongs to, when known."""
     model: str = ""
-    """Identifier of the model the turn was requested from."""
+    """Identifier of the model in effect: the one the turn was requested from, or the
+    fallback it had moved to. A wrapper resumes the record only when this model is
+    its model or one of its fallbacks, and goes on with this model."""
     fingerprint: str | None = None
     """A digest of the request that started the turn (messages, tools, settings that
     shape the output). A checkpoint is resumed only by the same request; ``None``
@@ -137,6 +150,9 @@ class StreamCheckpoint(BaseModel):
     completed_blocks: tuple[CompletedBlock, ...] = ()
     """Whole content blocks other than text, in order, each with its place in the
     text; a cut-off block is never recorded (it could not be sent back)."""
+    model_spans: tuple[ModelSpan, ...] = ()
+    """For a turn that moved to a fallback model: each model in effect, in order,
+    with where its text begins. Empty when one model wrote the whole turn."""
     complete: bool = False
     """Whether the turn has finished (a terminal signal arrived, or it was finished
     with its whole tool calls). A complete checkpoint holds the whole answer and is
