@@ -211,10 +211,11 @@ def pair(request: pytest.FixtureRequest) -> tuple[str, str]:
     return request.param  # type: ignore[no-any-return]
 
 
-def cut_answer(primary: str, **fields: Any) -> Scenario:
+def cut_answer(primary: str, events: int = 8, **fields: Any) -> Scenario:
     """The primary's first answer: part of ``ANSWER``, then the connection drops."""
     fields.setdefault("text", ANSWER)
-    return Scenario(provider=PROVIDER_OF[primary], fault=Fault.drop_after_events(8), **fields)
+    fault = Fault.drop_after_events(events)
+    return Scenario(provider=PROVIDER_OF[primary], fault=fault, **fields)
 
 
 # -- after output: the fallback continues from the prefix ---------------------------------
@@ -242,7 +243,9 @@ async def test_fallback_continues_the_turn_from_the_prefix_without_prefill(
     [request] = to(fallback)
     assert request.provider == PROVIDER_OF[fallback]
     prefix = _text_of(last_assistant(request))
-    assert prefix and ANSWER.startswith(prefix) and prefix == prefix.rstrip()
+    assert prefix
+    assert ANSWER.startswith(prefix)
+    assert prefix == prefix.rstrip()
     assert request.messages[-1]["role"] == "user"  # no assistant prefill
     assert user_turns(request) == ["Tell me about the lighthouse", DEFAULT_CONTINUATION_PROMPT]
     assert request.rejected_by is None
@@ -258,5 +261,299 @@ async def test_fallback_continues_the_turn_from_the_prefix_without_prefill(
     assert awaken["plans"] == ["R1", "R1", "R1"]
     [event] = events.named("awaken_fallback")
     assert (event["from_model"], event["to_model"]) == (ids[primary], ids[fallback])
-    assert event["plan"] == "R1" and event["cause"] == "overloaded"
+    assert event["plan"] == "R1"
+    assert event["cause"] == "overloaded"
     assert "max_continuations=2" in event["reason"]
+
+
+async def test_words_the_fallback_repeats_at_the_seam_are_removed(
+    pair: tuple[str, str], server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    server.enqueue(cut_answer(primary))
+    server.default = storm(primary, continuing(overlap_words=3))
+    model = RecoveringChatModel(
+        model=chat_model(primary, server),
+        fallbacks=[chat_model(fallback, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    )
+    message, chunks = await call(model, "stream")
+    assert streamed_text(chunks) == ANSWER
+    assert _text_of(message.content) == ANSWER
+    assert message.response_metadata["awaken"]["regenerated_output_tokens"] >= 1
+
+
+async def test_overload_past_the_overload_deadline_moves_on_without_waiting(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(cut_answer(OPENAI))
+    server.default = storm(OPENAI, continuing())
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(sleeps, max_continuations=1, overload_deadline=20.0, jitter=0.0),
+    )
+    message, _ = await call(model, "ainvoke")
+    assert message.content == ANSWER
+    # the drop: 0.5 s; then 529s: 4 s, 8 s; another 8 s would end past 20 s, so the
+    # fallback takes over at once
+    assert sleeps.waits == [0.5, 4.0, 8.0, 0.0]
+    assert len(to(OPENAI)) == 4
+    assert len(to(ANTHROPIC)) == 1
+
+
+async def test_fallback_before_output_is_a_fresh_request_and_nothing_is_repeated(
+    pair: tuple[str, str], entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    server.default = storm(primary, continuing())
+    model = RecoveringChatModel(
+        model=chat_model(primary, server),
+        fallbacks=[chat_model(fallback, server)],
+        retry_policy=policy(sleeps, max_attempts=2),
+    )
+    message, chunks = await call(model, entry)
+    assert _text_of(message.content) == ANSWER
+    if chunks:
+        assert streamed_text(chunks) == ANSWER
+    assert len(to(primary)) == 2
+    [request] = to(fallback)
+    assert user_turns(request) == ["Tell me about the lighthouse"]
+    assert [m["role"] for m in request.messages] == ["user"]
+    awaken = message.response_metadata["awaken"]
+    assert awaken["plans"] == ["R4", "R4"]
+    assert [(m["start"], m["end"]) for m in awaken["models"]] == [(0, 0), (0, len(ANSWER))]
+
+
+async def test_when_every_model_is_spent_the_turn_raises_with_the_partial_answer(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(cut_answer(OPENAI))
+    server.default = Scenario(fault=Fault.overloaded())
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    )
+    with pytest.raises(StreamInterruptedError) as raised:
+        model.invoke("Tell me about the lighthouse")
+    assert "on the last of 2 models" in str(raised.value)
+    assert raised.value.partial is not None
+    assert ANSWER.startswith(_text_of(raised.value.partial.content))
+    assert (len(to(OPENAI)), len(to(ANTHROPIC))) == (2, 2)
+
+
+async def test_a_permanent_error_is_raised_without_trying_the_fallback(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.enqueue(Scenario(provider="openai", fault=Fault.http_error(401)))
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(sleeps),
+    )
+    with pytest.raises(Exception) as raised:
+        await model.ainvoke("Tell me about the lighthouse")
+    assert not isinstance(raised.value, StreamInterruptedError)
+    assert (len(to(OPENAI)), len(to(ANTHROPIC))) == (1, 0)
+
+
+async def test_thinking_blocks_stay_in_the_answer_and_are_not_sent_to_another_provider(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    thinking = [ScriptedThinking("The keeper's routine matters; describe it in order.")]
+    server.enqueue(cut_answer(ANTHROPIC, 24, thinking=thinking, chunk_size=6))
+    server.default = storm(ANTHROPIC, continuing())
+    model = RecoveringChatModel(
+        model=chat_model(ANTHROPIC, server),
+        fallbacks=[chat_model(OPENAI, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    )
+    message, chunks = await call(model, "astream")
+    assert streamed_text(chunks) == ANSWER
+    [request] = to(OPENAI)
+    sent = last_assistant(request)
+    assert isinstance(sent, str)
+    assert sent
+    assert ANSWER.startswith(sent)
+    assert "signature" not in json.dumps(request.body)
+    [block] = [b for b in message.content if isinstance(b, dict) and b["type"] == "thinking"]
+    assert block["thinking"] == thinking[0].text
+    assert block["signature"]
+
+
+# -- tool calls ------------------------------------------------------------------------------
+
+
+def transfer(to: str, amount: int, confirm: bool = False) -> str:
+    """Transfer money."""
+    return f"sent {amount} to {to}"
+
+
+ARGS = {"to": "alice", "amount": 100, "confirm": True}
+
+
+async def test_a_tool_call_cut_off_on_the_primary_is_issued_whole_by_the_fallback(
+    pair: tuple[str, str], entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    cut = Scenario(
+        provider=PROVIDER_OF[primary],
+        text="Sending now.",
+        tool_calls=[ScriptedToolCall("transfer", ARGS, id="call_cut")],
+        chunk_size=3,
+        fault=Fault.drop_after_events(12),
+    )
+    server.enqueue(cut)
+    whole = Scenario(tool_calls=[ScriptedToolCall("transfer", ARGS, id="call_whole")])
+    server.default = storm(primary, lambda request: whole)
+    model = RecoveringChatModel(
+        model=chat_model(primary, server),
+        fallbacks=[chat_model(fallback, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    ).bind_tools([transfer])
+    message, chunks = await call(model, entry)
+
+    assert [(c["id"], c["args"]) for c in message.tool_calls] == [("call_whole", ARGS)]
+    assert message.invalid_tool_calls == []
+    assert _text_of(message.content) == "Sending now."
+    for chunk in chunks:
+        for piece in chunk.tool_call_chunks:
+            assert json.loads(piece["args"] or "") == ARGS  # only whole calls were yielded
+    [request] = to(fallback)
+    [tool] = request.body["tools"]
+    if fallback == ANTHROPIC:  # the tools are bound the fallback's own way
+        assert tool["name"] == "transfer"
+        assert "input_schema" in tool
+    else:
+        assert tool["function"]["name"] == "transfer"
+    assert _text_of(last_assistant(request)) == "Sending now."
+    assert request.messages[-1]["role"] == "user"
+
+
+# -- checkpoints: a replacement process goes on with the model in effect ---------------------
+
+
+def fallback_cut_then_storm(primary: str, fallback: str) -> Any:
+    """The primary is overloaded; the fallback continues, drops, then is overloaded too."""
+    answered: list[RecordedRequest] = []
+    cont = continuing()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if request.body.get("model") == primary or answered:
+            return Scenario(fault=Fault.overloaded())
+        answered.append(request)
+        scenario = cont(request)
+        return Scenario(text=scenario.text, fault=Fault.drop_after_events(8))
+
+    return respond
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_a_new_wrapper_resumes_a_turn_on_the_fallback_that_was_in_effect(
+    pair: tuple[str, str], mode: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    config: Any = {"run_id": run_id}
+
+    def process() -> RecoveringChatModel:
+        return RecoveringChatModel(
+            model=chat_model(primary, server),
+            fallbacks=[chat_model(fallback, server)],
+            retry_policy=policy(sleeps, max_continuations=1),
+            store=store,
+        )
+
+    server.enqueue(cut_answer(primary))
+    server.default = fallback_cut_then_storm(primary, fallback)
+    with pytest.raises(StreamInterruptedError):
+        await call(process(), "invoke" if mode == "sync" else "ainvoke", config=config)
+    record = store.get(str(run_id))
+    assert record is not None
+    ids = {OPENAI: OPENAI_ID, ANTHROPIC: ANTHROPIC_ID}
+    assert record.model == ids[fallback]
+    assert [span.model for span in record.model_spans] == [ids[primary], ids[fallback]]
+    saved = record.partial_text
+    assert ANSWER.startswith(saved)
+    assert len(saved) > record.model_spans[1].start
+
+    server.reset()
+    server.default = storm(primary, continuing())
+    message, chunks = await call(
+        process(), "stream" if mode == "sync" else "astream", config=config
+    )
+    assert streamed_text(chunks) == ANSWER  # the saved part replayed, then the rest
+    assert to(primary) == []
+    [request] = to(fallback)
+    assert _text_of(last_assistant(request)) == saved.rstrip()
+    awaken = message.response_metadata["awaken"]
+    assert awaken["resumed"] is True
+    assert [(m["model"], m["start"]) for m in awaken["models"]] == [
+        (ids[primary], 0),
+        (ids[fallback], record.model_spans[1].start),
+    ]
+    assert awaken["models"][-1]["end"] == len(ANSWER)
+    assert store.get(str(run_id)) is None
+
+
+async def test_a_wrapper_without_that_fallback_ignores_the_checkpoint(
+    server: LoopbackProvider, sleeps: Sleeps, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+    server.enqueue(cut_answer(OPENAI))
+    server.default = fallback_cut_then_storm(OPENAI, ANTHROPIC)
+    first = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+        store=store,
+    )
+    with pytest.raises(StreamInterruptedError):
+        first.invoke("Tell me about the lighthouse", config={"run_id": run_id})
+
+    server.reset()
+    server.default = Scenario(text=ANSWER)
+    alone = RecoveringChatModel(
+        model=chat_model(OPENAI, server), retry_policy=policy(sleeps), store=store
+    )
+    message = alone.invoke("Tell me about the lighthouse", config={"run_id": run_id})
+    assert message.content == ANSWER
+    assert message.response_metadata["awaken"]["resumed"] is False
+    [request] = to(OPENAI)
+    assert [m["role"] for m in request.messages] == ["user"]
+    assert ANTHROPIC_ID in caplog.text
+
+
+# -- settings ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [[object()], ["not a model", 3], "openai:gpt-4o-mini"])
+async def test_a_fallback_that_is_not_a_chat_model_is_refused(
+    bad: Any, server: LoopbackProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "x")
+    with pytest.raises(ValueError, match="fallbacks"):
+        RecoveringChatModel(model=chat_model(OPENAI, server), fallbacks=bad)
+
+
+async def test_a_fallback_string_is_resolved_once_with_init_chat_model(
+    server: LoopbackProvider, sleeps: Sleeps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "x")
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
+    server.default = storm(OPENAI, continuing())
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[f"anthropic:{ANTHROPIC}"],
+        retry_policy=policy(sleeps, max_attempts=1),
+    )
+    from langchain_anthropic import ChatAnthropic
+
+    [fallback] = model.fallbacks
+    assert isinstance(fallback, ChatAnthropic)
+    message = model.invoke([HumanMessage("Tell me about the lighthouse")])
+    assert message.content == ANSWER
+    assert (len(to(OPENAI)), len(to(ANTHROPIC))) == (1, 1)
