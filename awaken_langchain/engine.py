@@ -28,7 +28,7 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
 )
 from awaken_langchain.events import AwakenMetadata, RecoveryEvent, Report, WrittenBy, warning
-from awaken_langchain.fallback import FallbackModel, plain_text_chunk
+from awaken_langchain.fallback import FallbackModel, reshaped_chunk
 from awaken_langchain.recovery import (
     Plan,
     answer_invalid_tool_calls,
@@ -158,8 +158,9 @@ class TurnEngine:
         self.spans: list[tuple[str, int]] = [(settings.model_id, 0)]
         self.text_only_prefix = False
         """Continuations send the prefix as text only (the turn moved to another model)."""
-        self.plain_text = False
-        """Text blocks of the model in effect become plain text (the turn is a string)."""
+        self.reshape: bool | None = None
+        """Move the text of the model in effect into the turn's shape: a list of blocks
+        (``True``) or a string (``False``); ``None`` leaves chunks as they are."""
 
     # -- opening: adopt a checkpoint ---------------------------------------------------
 
@@ -251,7 +252,7 @@ class TurnEngine:
         self.model_started = self.policy.clock()
         self.spent = (self.retries, self.continuations)
         self.text_only_prefix = self.text_only_prefix or bool(self.acc.text)
-        self.plain_text = bool(self.acc.text) and not self.acc.blocks
+        self.reshape = self.acc.blocks if self.acc.text else None
         if record_span:
             self.spans.append((fallback.model_id, len(self.acc.text)))
 
@@ -307,8 +308,8 @@ class TurnEngine:
 
     def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
         """Feed one inner chunk; return the chunks to yield and whether to checkpoint now."""
-        if self.plain_text:
-            generation = plain_text_chunk(generation)
+        if self.reshape is not None:
+            generation = reshaped_chunk(generation, blocks=self.reshape)
         out = self.acc.feed(generation)
         return out, self.cadence.observe() and self.checkpointing
 

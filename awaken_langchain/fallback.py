@@ -10,9 +10,9 @@ the decisions that do not depend on I/O:
   another class, the same tools and tool choice bound the fallback's own way
   (``bind_tools`` of the fallback), since OpenAI and Anthropic spell tools
   differently;
-- the shape of the fallback's chunks: text blocks written into a turn whose
-  content so far is a plain string become plain text, so the answer keeps the
-  shape it began with.
+- the shape of the fallback's chunks: text written into a turn whose content
+  so far has the other shape (a string, or a list of blocks) is moved into the
+  turn's shape, so the answer keeps the shape it began with.
 
 The prefix a fallback continues from is the turn's text only (see
 `awaken_langchain.engine.TurnEngine.next_request`): thinking blocks with
@@ -30,7 +30,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk
 
-__all__ = ["FallbackModel", "call_kwargs_for", "plain_text_chunk", "resolve_fallbacks"]
+__all__ = ["FallbackModel", "call_kwargs_for", "reshaped_chunk", "resolve_fallbacks"]
 
 _TOOL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls")
 """Call arguments that a fallback of another class gets bound its own way."""
@@ -127,28 +127,41 @@ def call_kwargs_for(
     return {**rest, **dict(getattr(bound, "kwargs", {}))}
 
 
-def plain_text_chunk(generation: ChatGenerationChunk) -> ChatGenerationChunk:
-    """``generation`` with plain text blocks (no citations, no id) turned into a string.
+def reshaped_chunk(generation: ChatGenerationChunk, *, blocks: bool) -> ChatGenerationChunk:
+    """``generation`` with its text in the shape of the turn it continues.
 
-    Used when a fallback that writes content blocks continues a turn whose
-    content so far is a string: the answer keeps its shape. A chunk with any
-    other block is returned as it is.
+    A fallback continuing a turn may write content the other way: a string where
+    the turn so far is a list of content blocks (OpenAI Chat Completions after
+    Anthropic), or plain text blocks where it is a string (Anthropic after
+    OpenAI). The text is moved into the turn's shape, so the answer keeps the
+    shape it began with. A chunk with any other block (thinking, citations...)
+    is returned as it is.
+
+    Args:
+        generation: A chunk of the fallback.
+        blocks: Whether the turn's content is a list of blocks.
     """
     message = generation.message
     content = message.content
-    if not isinstance(content, list) or not content:
-        return generation
-    texts: list[str] = []
-    for block in content:
-        if isinstance(block, str):
-            texts.append(block)
-        elif (
-            isinstance(block, dict)
-            and block.get("type") == "text"
-            and set(block) <= {"type", "text", "index"}
-        ):
-            texts.append(str(block.get("text") or ""))
-        else:
+    if blocks:
+        if not isinstance(content, str):
             return generation
-    chunk = cast(AIMessageChunk, message.model_copy(update={"content": "".join(texts)}))
+        shaped: str | list[Any] = [{"type": "text", "text": content, "index": 0}] if content else []
+    else:
+        if not isinstance(content, list):
+            return generation
+        texts: list[str] = []
+        for block in content:
+            if isinstance(block, str):
+                texts.append(block)
+            elif (
+                isinstance(block, dict)
+                and block.get("type") == "text"
+                and set(block) <= {"type", "text", "index"}
+            ):
+                texts.append(str(block.get("text") or ""))
+            else:
+                return generation
+        shaped = "".join(texts)
+    chunk = cast(AIMessageChunk, message.model_copy(update={"content": shaped}))
     return ChatGenerationChunk(message=chunk, generation_info=generation.generation_info)

@@ -10,15 +10,18 @@ received, and what ``response_metadata["awaken"]`` and the events report.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
+from langchain_core.tools import BaseTool, tool
 
 from awaken_langchain import (
     InMemoryStreamCheckpointStore,
@@ -26,6 +29,7 @@ from awaken_langchain import (
     RetryPolicy,
     StreamInterruptedError,
 )
+from awaken_langchain.middleware import StreamRecoveryMiddleware
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.testing import (
     Fault,
@@ -236,6 +240,8 @@ async def test_fallback_continues_the_turn_from_the_prefix_without_prefill(
     message, chunks = await call(model, entry, config={"callbacks": [events]})
 
     assert _text_of(message.content) == ANSWER
+    if primary == OPENAI:  # the answer keeps the shape it began with
+        assert message.content == ANSWER
     if chunks:
         assert streamed_text(chunks) == ANSWER
     # the primary: the cut answer, then two continuations answered 529
@@ -359,27 +365,41 @@ async def test_a_permanent_error_is_raised_without_trying_the_fallback(
 
 
 async def test_thinking_blocks_stay_in_the_answer_and_are_not_sent_to_another_provider(
-    server: LoopbackProvider, sleeps: Sleeps
+    entry: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
+    from langchain_anthropic import ChatAnthropic
+
     thinking = [ScriptedThinking("The keeper's routine matters; describe it in order.")]
     server.enqueue(cut_answer(ANTHROPIC, 24, thinking=thinking, chunk_size=6))
     server.default = storm(ANTHROPIC, continuing())
+    thinker = ChatAnthropic(  # type: ignore[call-arg]
+        model=ANTHROPIC,
+        base_url=server.base_url_anthropic,
+        api_key="x",
+        max_retries=0,
+        max_tokens=4096,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
     model = RecoveringChatModel(
-        model=chat_model(ANTHROPIC, server),
+        model=thinker,
         fallbacks=[chat_model(OPENAI, server)],
         retry_policy=policy(sleeps, max_continuations=1),
     )
-    message, chunks = await call(model, "astream")
-    assert streamed_text(chunks) == ANSWER
+    message, chunks = await call(model, entry)
+    if chunks:
+        assert streamed_text(chunks) == ANSWER
     [request] = to(OPENAI)
     sent = last_assistant(request)
     assert isinstance(sent, str)
     assert sent
     assert ANSWER.startswith(sent)
     assert "signature" not in json.dumps(request.body)
-    [block] = [b for b in message.content if isinstance(b, dict) and b["type"] == "thinking"]
-    assert block["thinking"] == thinking[0].text
-    assert block["signature"]
+    thought, *text = message.content
+    assert isinstance(thought, dict)
+    assert thought["type"] == "thinking"
+    assert thought["thinking"] == thinking[0].text
+    assert thought["signature"]
+    assert _text_of(text) == ANSWER
 
 
 # -- tool calls ------------------------------------------------------------------------------
@@ -557,3 +577,132 @@ async def test_a_fallback_string_is_resolved_once_with_init_chat_model(
     message = model.invoke([HumanMessage("Tell me about the lighthouse")])
     assert message.content == ANSWER
     assert (len(to(OPENAI)), len(to(ANTHROPIC))) == (1, 1)
+
+
+# -- agents: StreamRecoveryMiddleware(fallbacks=[...]) ----------------------------------------
+
+WEATHER_ARGS = {"city": "Paris"}
+TOOL_TURN = Scenario(
+    tool_calls=[ScriptedToolCall("weather", WEATHER_ARGS, id="call_weather")], chunk_size=2
+)
+
+
+def answered_a_tool(request: RecordedRequest) -> bool:
+    """Whether an OpenAI or Anthropic request carries a tool result."""
+    for message in request.messages:
+        if message.get("role") == "tool":
+            return True
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            return True
+    return False
+
+
+def agent_responder(request: RecordedRequest) -> Scenario:
+    """A model that calls the weather tool, then answers (continuing a cut answer)."""
+    if answered_a_tool(request):
+        return continuing()(request)
+    return TOOL_TURN
+
+
+class Weather:
+    """The agent's tool; it counts its executions."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+        @tool
+        def weather(city: str) -> str:
+            """Current weather in a city."""
+            self.calls.append(city)
+            return "sunny, 22 degrees"
+
+        self.tools: list[BaseTool] = [weather]
+
+
+async def run_agent(agent: Any, entry: str) -> tuple[list[Any], str]:
+    """Run the agent; return the thread and the text streamed in ``messages`` mode."""
+    state = {"messages": [HumanMessage("Weather in Paris?")]}
+    if entry == "invoke":
+        return agent.invoke(state)["messages"], ""
+    if entry == "ainvoke":
+        return (await agent.ainvoke(state))["messages"], ""
+    final: dict[str, Any] = {}
+    streamed: list[str] = []
+    if entry == "stream":
+        parts: Any = agent.stream(state, stream_mode=["messages", "values"])
+    else:
+        parts = [p async for p in agent.astream(state, stream_mode=["messages", "values"])]
+    for kind, data in parts:
+        if kind == "values":
+            final = data
+        elif isinstance(data[0], AIMessageChunk):
+            streamed.append(data[0].text)
+    return final["messages"], "".join(streamed)
+
+
+AGENT_FAULTS = {
+    # the answer is cut mid text, then the primary is overloaded: the fallback continues it
+    "mid_text": [TOOL_TURN, Scenario(text=ANSWER, fault=Fault.drop_after_events(8))],
+    # the tool call is cut inside its arguments: nothing was released, the fallback asks again
+    "mid_tool_arguments": [
+        Scenario(
+            tool_calls=[ScriptedToolCall("weather", WEATHER_ARGS, id="call_cut")],
+            chunk_size=2,
+            fault=Fault.drop_after_events(5),
+        )
+    ],
+}
+
+
+@pytest.mark.parametrize("fault", list(AGENT_FAULTS))
+async def test_agent_turn_moves_to_the_fallback_and_the_thread_holds_one_message_per_turn(
+    fault: str, entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    for scenario in AGENT_FAULTS[fault]:
+        server.enqueue(dataclasses.replace(scenario, provider="openai"))
+    server.default = storm(OPENAI, agent_responder)
+    weather = Weather()
+    agent = create_agent(
+        chat_model(OPENAI, server),
+        weather.tools,
+        middleware=[
+            StreamRecoveryMiddleware(
+                retry_policy=policy(sleeps, max_attempts=2, max_continuations=1),
+                fallbacks=[chat_model(ANTHROPIC, server)],
+            )
+        ],
+    )
+
+    thread, streamed = await run_agent(agent, entry)
+
+    assert [type(m).__name__ for m in thread] == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "AIMessage",
+    ]
+    call_turn, answer_turn = thread[1], thread[3]
+    assert [(c["name"], c["args"]) for c in call_turn.tool_calls] == [("weather", WEATHER_ARGS)]
+    assert call_turn.invalid_tool_calls == []
+    assert weather.calls == ["Paris"]  # the tool ran once
+    assert answer_turn.text == ANSWER
+    if entry in ("stream", "astream"):
+        assert streamed == ANSWER  # every token once, the seam not repeated
+    models = [m["model"] for m in answer_turn.response_metadata["awaken"]["models"]]
+    assert models == [OPENAI_ID, ANTHROPIC_ID]
+    if fault == "mid_text":
+        [request] = to(ANTHROPIC)  # the continuation of the answer, tool result included
+        assert answered_a_tool(request)
+        assert request.messages[-1]["role"] == "user"
+        assert ANSWER.startswith(_text_of(last_assistant(request)))
+        assert call_turn.response_metadata["awaken"]["models"][0]["model"] == OPENAI_ID
+    else:
+        assert [c["id"] for c in call_turn.tool_calls] == ["call_weather"]  # the fallback's
+
+
+async def test_middleware_refuses_a_fallback_that_is_not_a_chat_model() -> None:
+    with pytest.raises(ValueError, match="fallbacks"):
+        StreamRecoveryMiddleware(fallbacks=[object()])  # type: ignore[list-item]
