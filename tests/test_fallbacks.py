@@ -12,8 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +30,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.tools import BaseTool, tool
 
 from awaken_langchain import (
+    DiskCacheStreamCheckpointStore,
     InMemoryStreamCheckpointStore,
     RecoveringChatModel,
     RetryPolicy,
@@ -42,6 +49,8 @@ from awaken_langchain.testing import (
 )
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 ANSWER = (
     "The lighthouse keeper climbed the stairs at dusk, trimmed the wick, and watched "
@@ -706,3 +715,97 @@ async def test_agent_turn_moves_to_the_fallback_and_the_thread_holds_one_message
 async def test_middleware_refuses_a_fallback_that_is_not_a_chat_model() -> None:
     with pytest.raises(ValueError, match="fallbacks"):
         StreamRecoveryMiddleware(fallbacks=[object()])  # type: ignore[list-item]
+
+
+# -- a replacement process after SIGKILL ------------------------------------------------------
+
+CHILD = """
+import sys, uuid
+from langchain_anthropic import ChatAnthropic
+from langchain_openai import ChatOpenAI
+from awaken_langchain import DiskCacheStreamCheckpointStore, RecoveringChatModel, RetryPolicy
+
+base, store_dir, run_id = sys.argv[1:4]
+model = RecoveringChatModel(
+    model=ChatOpenAI(model="gpt-4o-mini", base_url=base + "/v1", api_key="x", max_retries=0),
+    fallbacks=[ChatAnthropic(model="claude-loopback", base_url=base, api_key="x", max_retries=0)],
+    retry_policy=RetryPolicy(max_continuations=1, overload_deadline=None, initial_delay=0.0),
+    store=DiskCacheStreamCheckpointStore(store_dir),
+    checkpoint_every_chunks=1,
+)
+for _ in model.stream("Tell me about the lighthouse", config={"run_id": uuid.UUID(run_id)}):
+    pass
+"""
+
+
+def kill_once_the_fallback_wrote(store_dir: Path, base_url: str, run_id: uuid.UUID) -> str:
+    """Run the child until its checkpoint holds the fallback's own words; SIGKILL it.
+
+    Returns the saved text. Waiting here is on another process writing its
+    store, not on a backoff.
+    """
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, base_url, str(store_dir), str(run_id)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and child.poll() is None:
+            if (store_dir / "cache.db").exists():
+                with DiskCacheStreamCheckpointStore(store_dir, read_only=True) as store:
+                    record = store.get(str(run_id))
+                if (
+                    record is not None
+                    and record.model == ANTHROPIC_ID
+                    and len(record.model_spans) == 2
+                    and len(record.partial_text) > record.model_spans[1].start
+                ):
+                    child.send_signal(signal.SIGKILL)
+                    assert child.wait(30) == -signal.SIGKILL
+                    return record.partial_text
+            time.sleep(0.05)
+        pytest.fail(f"the child never saved the fallback's words (exit {child.poll()})")
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(30)
+
+
+@pytest.mark.slow
+async def test_after_sigkill_on_the_fallback_a_replacement_process_finishes_on_the_fallback(
+    server: LoopbackProvider, sleeps: Sleeps, tmp_path: Path
+) -> None:
+    rest = continuing()
+
+    def stall_on_the_fallback(request: RecordedRequest) -> Scenario:
+        if request.body.get("model") == OPENAI:
+            return Scenario(fault=Fault.overloaded())
+        scenario = rest(request)  # the fallback continues, then hangs mid-answer
+        return Scenario(text=scenario.text, fault=Fault.stall(120.0, after_events=12))
+
+    server.enqueue(cut_answer(OPENAI))
+    server.default = stall_on_the_fallback
+    store_dir = tmp_path / "checkpoints"
+    run_id = uuid.uuid4()
+    saved = kill_once_the_fallback_wrote(store_dir, server.url, run_id)
+    assert len(to(OPENAI)) == 2  # the cut answer, one 529
+
+    server.reset()
+    server.default = storm(OPENAI, continuing())
+    store = DiskCacheStreamCheckpointStore(store_dir)
+    replacement = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+        store=store,
+    )
+    message, chunks = await call(replacement, "stream", config={"run_id": run_id})
+    assert streamed_text(chunks) == ANSWER
+    assert to(OPENAI) == []  # the replacement went on with the model in effect
+    [request] = to(ANTHROPIC)
+    assert _text_of(last_assistant(request)) == saved.rstrip()
+    awaken = message.response_metadata["awaken"]
+    assert awaken["resumed"] is True
+    assert [m["model"] for m in awaken["models"]] == [OPENAI_ID, ANTHROPIC_ID]
+    assert store.get(str(run_id)) is None
