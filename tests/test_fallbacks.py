@@ -28,6 +28,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.tools import BaseTool, tool
+from pydantic import BaseModel
 
 from awaken_langchain import (
     DiskCacheStreamCheckpointStore,
@@ -809,3 +810,61 @@ async def test_after_sigkill_on_the_fallback_a_replacement_process_finishes_on_t
     assert awaken["resumed"] is True
     assert [m["model"] for m in awaken["models"]] == [OPENAI_ID, ANTHROPIC_ID]
     assert store.get(str(run_id)) is None
+
+
+# -- budgets and one-document requests ------------------------------------------------------
+
+
+async def test_the_deadline_bounds_the_whole_turn_across_models(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    server.default = Scenario(fault=Fault.overloaded())
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(
+            sleeps,
+            max_attempts=3,
+            overloaded_initial_delay=1.0,
+            multiplier=1.0,
+            jitter=0.0,
+            deadline=3.5,
+        ),
+    )
+    with pytest.raises(StreamInterruptedError, match=r"RetryPolicy.deadline=3.5"):
+        await model.ainvoke("Tell me about the lighthouse")
+    # the primary: 3 requests, 2 s of waits; the fallback's own budget would allow 3
+    # requests, but its second retry would end past 3.5 s from the start of the turn
+    assert (len(to(OPENAI)), len(to(ANTHROPIC))) == (3, 2)
+    assert sleeps.waits == [1.0, 1.0, 0.0, 1.0]
+
+
+class Answer(BaseModel):
+    """An answer."""
+
+    value: int
+
+
+async def test_structured_output_moves_only_to_a_fallback_of_the_primarys_class(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if request.body.get("model") == "gpt-4o":
+            return Scenario(text='{"value": 42}')
+        return Scenario(fault=Fault.overloaded())
+
+    server.default = respond
+    same_class = ChatOpenAI(
+        model="gpt-4o", base_url=server.base_url_openai, api_key="x", max_retries=0
+    )
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[chat_model(ANTHROPIC, server), same_class],
+        retry_policy=policy(sleeps, max_attempts=1),
+    )
+    result = await model.with_structured_output(Answer).ainvoke("the answer")
+    assert result == Answer(value=42)
+    assert [r.body["model"] for r in server.requests] == [OPENAI, "gpt-4o"]
+    assert server.requests[1].body["response_format"] == server.requests[0].body["response_format"]
