@@ -157,7 +157,7 @@ class TurnEngine:
         """Retries and continuations made before the model in effect took over."""
         self.spans: list[tuple[str, int]] = [(settings.model_id, 0)]
         self.text_only_prefix = False
-        """Continuations send the prefix as text only (the turn moved to another model)."""
+        """Continuations send the prefix as text only: another model wrote part of it."""
         self.reshape: bool | None = None
         """Move the text of the model in effect into the turn's shape: a list of blocks
         (``True``) or a string (``False``); ``None`` leaves chunks as they are."""
@@ -251,10 +251,11 @@ class TurnEngine:
         )
         self.model_started = self.policy.clock()
         self.spent = (self.retries, self.continuations)
-        self.text_only_prefix = self.text_only_prefix or bool(self.acc.text)
-        self.reshape = self.acc.blocks if self.acc.text else None
         if record_span:
             self.spans.append((fallback.model_id, len(self.acc.text)))
+        took_over_text = self.spans[-1][1] > 0  # another model wrote the start of the turn
+        self.text_only_prefix = took_over_text
+        self.reshape = self.acc.blocks if took_over_text else None
 
     def _unusable(self, checkpoint: StreamCheckpoint, now: float) -> str | None:
         key = self.key

@@ -868,3 +868,52 @@ async def test_structured_output_moves_only_to_a_fallback_of_the_primarys_class(
     assert result == Answer(value=42)
     assert [r.body["model"] for r in server.requests] == [OPENAI, "gpt-4o"]
     assert server.requests[1].body["response_format"] == server.requests[0].body["response_format"]
+
+
+async def test_a_fallback_continuing_its_own_answer_gets_its_own_thinking_back(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    from langchain_anthropic import ChatAnthropic
+
+    thinking = [ScriptedThinking("Describe the keeper's evening in order.")]
+    rest = continuing()
+    first: list[RecordedRequest] = []
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if request.body.get("model") == ANTHROPIC:
+            return Scenario(fault=Fault.overloaded())  # the primary, before any output
+        if not first:
+            first.append(request)
+            return Scenario(
+                text=ANSWER, thinking=thinking, chunk_size=6, fault=Fault.drop_after_events(24)
+            )
+        return rest(request)
+
+    server.default = respond
+
+    def thinker(name: str) -> ChatAnthropic:
+        return ChatAnthropic(  # type: ignore[call-arg]
+            model=name,
+            base_url=server.base_url_anthropic,
+            api_key="x",
+            max_retries=0,
+            max_tokens=4096,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+
+    model = RecoveringChatModel(
+        model=thinker(ANTHROPIC),
+        fallbacks=[thinker("claude-fallback")],
+        retry_policy=policy(sleeps, max_attempts=1),
+    )
+    message, chunks = await call(model, "stream")
+    assert streamed_text(chunks) == ANSWER
+    continuation = to("claude-fallback")[-1]
+    assert continuation.rejected_by is None
+    sent = last_assistant(continuation)
+    assert sent[0]["type"] == "thinking"  # sent back, signed, to the model that wrote it
+    assert sent[0]["signature"]
+    assert [m["model"] for m in message.response_metadata["awaken"]["models"]] == [
+        ANTHROPIC_ID,
+        "anthropic-chat:claude-fallback",
+    ]
