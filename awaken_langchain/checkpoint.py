@@ -15,7 +15,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from awaken_langchain.errors import StreamCheckpointError
 
@@ -173,6 +181,14 @@ class StreamCheckpoint(BaseModel):
     @classmethod
     def _run_id_is_addressable(cls, value: object) -> str:
         return check_run_id(value)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_spans(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave ``model_spans`` out of a one-model record, which then reads as before."""
+        data = handler(self)
+        if not self.model_spans and isinstance(data, dict):
+            data.pop("model_spans", None)
+        return data
 
 
 def model_identifier(llm_type: str, model_name: object = None) -> str:

@@ -35,6 +35,7 @@ from awaken_langchain import (
     InMemoryStreamCheckpointStore,
     RecoveringChatModel,
     RetryPolicy,
+    StreamCheckpoint,
     StreamInterruptedError,
 )
 from awaken_langchain.middleware import StreamRecoveryMiddleware
@@ -917,3 +918,17 @@ async def test_a_fallback_continuing_its_own_answer_gets_its_own_thinking_back(
         ANTHROPIC_ID,
         "anthropic-chat:claude-fallback",
     ]
+
+
+async def test_a_one_model_checkpoint_is_written_as_before_and_spans_round_trip() -> None:
+    from awaken_langchain.checkpoint import ModelSpan, decode_checkpoint, encode_checkpoint
+
+    alone = StreamCheckpoint(run_id="r", model=OPENAI_ID, partial_text="Half")
+    assert "model_spans" not in json.loads(encode_checkpoint(alone))
+    moved = alone.model_copy(
+        update={
+            "model": ANTHROPIC_ID,
+            "model_spans": (ModelSpan(model=OPENAI_ID), ModelSpan(model=ANTHROPIC_ID, start=4)),
+        }
+    )
+    assert decode_checkpoint(encode_checkpoint(moved)) == moved
