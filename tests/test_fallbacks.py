@@ -932,3 +932,24 @@ async def test_a_one_model_checkpoint_is_written_as_before_and_spans_round_trip(
         }
     )
     assert decode_checkpoint(encode_checkpoint(moved)) == moved
+
+
+async def test_tools_bound_for_openai_are_bound_for_anthropic_with_the_same_choices(
+    server: LoopbackProvider,
+) -> None:
+    from awaken_langchain.fallback import call_kwargs_for
+
+    openai, anthropic = chat_model(OPENAI, server), chat_model(ANTHROPIC, server)
+    bound = openai.bind_tools([transfer], tool_choice="auto", parallel_tool_calls=False)
+    kwargs = {**bound.kwargs, "stop": ["END"]}  # type: ignore[attr-defined]
+    moved = call_kwargs_for(openai, anthropic, kwargs)
+    assert [t["name"] for t in moved["tools"]] == ["transfer"]
+    assert moved["tools"][0]["input_schema"]["required"] == ["to", "amount"]
+    assert moved["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
+    assert moved["stop"] == ["END"]  # other arguments pass on unchanged
+    back = call_kwargs_for(anthropic, openai, moved)
+    assert back["tools"][0]["function"]["name"] == "transfer"
+    assert back["tool_choice"] == "auto"
+    assert back["parallel_tool_calls"] is False
+    same = call_kwargs_for(openai, chat_model(OPENAI, server), kwargs)
+    assert same == kwargs
