@@ -953,3 +953,56 @@ async def test_tools_bound_for_openai_are_bound_for_anthropic_with_the_same_choi
     assert back["parallel_tool_calls"] is False
     same = call_kwargs_for(openai, chat_model(OPENAI, server), kwargs)
     assert same == kwargs
+
+
+@pytest.mark.parametrize("surface", ["responses/v1", "v0"])
+async def test_responses_reasoning_items_stay_in_the_answer_and_are_not_sent_to_anthropic(
+    surface: str, entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    from langchain_openai import ChatOpenAI
+
+    reasoner = "gpt-5-mini"
+    summary = "Walk through the keeper's evening."
+    server.enqueue(
+        Scenario(
+            text=ANSWER,
+            thinking=[ScriptedThinking(summary)],
+            chunk_size=6,
+            provider="openai-responses",
+            fault=Fault.drop_after_events(24),
+        )
+    )
+    server.default = storm(reasoner, continuing())
+    model = RecoveringChatModel(
+        model=ChatOpenAI(
+            model=reasoner,
+            base_url=server.base_url_openai,
+            api_key="x",
+            max_retries=0,
+            use_responses_api=True,
+            output_version=surface,
+            include=["reasoning.encrypted_content"],
+        ),
+        fallbacks=[chat_model(ANTHROPIC, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    )
+    message, chunks = await call(model, entry)
+    assert _text_of(message.content) == ANSWER
+    if chunks:
+        assert streamed_text(chunks) == ANSWER
+    assert len(to(reasoner)) == 2  # the cut answer, one 529
+    [request] = to(ANTHROPIC)
+    sent = last_assistant(request)
+    assert isinstance(sent, str)
+    assert sent
+    assert ANSWER.startswith(sent)
+    assert message.response_metadata["awaken"]["models"][1]["start"] > 0
+    body = json.dumps(request.body)
+    assert "encrypted_content" not in body
+    assert summary not in body
+    if surface == "v0":
+        reasoning = message.additional_kwargs["reasoning"]
+    else:
+        [reasoning] = [b for b in message.content if b["type"] == "reasoning"]
+    assert [s["text"] for s in reasoning["summary"]] == [summary]
+    assert reasoning["encrypted_content"]
