@@ -1006,3 +1006,31 @@ async def test_responses_reasoning_items_stay_in_the_answer_and_are_not_sent_to_
         [reasoning] = [b for b in message.content if b["type"] == "reasoning"]
     assert [s["text"] for s in reasoning["summary"]] == [summary]
     assert reasoning["encrypted_content"]
+
+
+async def test_connections_that_keep_dropping_move_the_turn_to_the_fallback(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    rest = continuing()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if request.body.get("model") == ANTHROPIC:  # every continuation breaks at once
+            return Scenario(text=rest(request).text, fault=Fault.drop_after_events(2))
+        return rest(request)
+
+    server.enqueue(cut_answer(ANTHROPIC))
+    server.default = respond
+    model = RecoveringChatModel(
+        model=chat_model(ANTHROPIC, server),
+        fallbacks=[chat_model(OPENAI, server)],
+        retry_policy=policy(sleeps, max_continuations=2),
+    )
+    events = Events()
+    message, chunks = await call(model, "astream", config={"callbacks": [events]})
+    assert streamed_text(chunks) == ANSWER
+    assert (len(to(ANTHROPIC)), len(to(OPENAI))) == (3, 1)
+    [event] = events.named("awaken_fallback")
+    assert event["cause"] == "connection"
+    assert [i["kind"] for i in message.response_metadata["awaken"]["interruptions"]] == [
+        "connection"
+    ] * 3
