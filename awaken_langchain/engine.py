@@ -9,6 +9,7 @@ never; the sync and async drivers in ``model.py`` carry its steps out.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from langchain_core.outputs import ChatGenerationChunk
 from pydantic import ValidationError
 
 from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, dumps_args
-from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.checkpoint import ModelSpan, StreamCheckpoint
 from awaken_langchain.classify import _raised_inside_provider_sdk
 from awaken_langchain.errors import (
     StreamCheckpointError,
@@ -28,7 +29,8 @@ from awaken_langchain.errors import (
     StreamEndedEarlyError,
     StreamInterruptedError,
 )
-from awaken_langchain.events import AwakenMetadata, RecoveryEvent, Report, warning
+from awaken_langchain.events import AwakenMetadata, RecoveryEvent, Report, WrittenBy, warning
+from awaken_langchain.fallback import FallbackModel, reshaped_chunk
 from awaken_langchain.recovery import (
     Plan,
     answer_invalid_tool_calls,
@@ -36,7 +38,7 @@ from awaken_langchain.recovery import (
     continuation_messages,
     estimate_tokens,
 )
-from awaken_langchain.retry import RetryPhase, RetryPolicy
+from awaken_langchain.retry import RetryDecision, RetryPhase, RetryPolicy
 
 __all__ = ["Step", "TurnEngine", "TurnRequest", "TurnSettings"]
 
@@ -79,6 +81,8 @@ class TurnRequest:
     """The kept checkpoint of the previous turn, which memory now holds."""
     model: Any = None
     """The chat model that answers (resolved from the call's config for a configurable one)."""
+    fallbacks: tuple[FallbackModel, ...] = ()
+    """The models the turn moves to, in order, when the model in effect is spent."""
 
 
 @dataclass(slots=True)
@@ -159,6 +163,18 @@ class TurnEngine:
             every_seconds=settings.every_seconds,
             clock=self.policy.clock,
         )
+        self.fallbacks = request.fallbacks
+        self.in_effect = 0
+        """Which model answers: 0 the request's model, ``n`` its ``n``-th fallback."""
+        self.model_started = self.started
+        self.spent = (0, 0)
+        """Retries and continuations made before the model in effect took over."""
+        self.spans: list[tuple[str, int]] = [(settings.model_id, 0)]
+        self.text_only_prefix = False
+        """Continuations send the prefix as text only: another model wrote part of it."""
+        self.reshape: bool | None = None
+        """Move the text of the model in effect into the turn's shape: a list of blocks
+        (``True``) or a string (``False``); ``None`` leaves chunks as they are."""
 
     # -- opening: adopt a checkpoint ---------------------------------------------------
 
@@ -182,6 +198,7 @@ class TurnEngine:
             standard_blocks=self.settings.standard_blocks,
         )
         self.resumed = True
+        self._adopt_model(checkpoint)
         out = self.acc.replay()
         for call in checkpoint.completed_tool_calls:
             out.append(
@@ -224,12 +241,47 @@ class TurnEngine:
         }
         return Step(chunks=_wrap(out), reports=[Report(RecoveryEvent.RESUME, data)])
 
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The request's model and its fallbacks, in order."""
+        return (self.settings.model_id, *(f.model_id for f in self.fallbacks))
+
+    @property
+    def model_id(self) -> str:
+        """The model in effect."""
+        return self.model_ids[self.in_effect]
+
+    def _adopt_model(self, checkpoint: StreamCheckpoint) -> None:
+        """Go on with the model that was in effect when ``checkpoint`` was written."""
+        if checkpoint.model_spans:
+            self.spans = [(span.model, span.start) for span in checkpoint.model_spans]
+        ids = self.model_ids
+        if checkpoint.model and checkpoint.model != ids[0] and checkpoint.model in ids:
+            self._use(ids.index(checkpoint.model), record_span=not checkpoint.model_spans)
+
+    def _use(self, index: int, *, record_span: bool = True) -> None:
+        """Make the ``index``-th model of the chain the one in effect, with a fresh budget."""
+        self.in_effect = index
+        fallback = self.fallbacks[index - 1]
+        self.request = dataclasses.replace(
+            self.request, model=fallback.model, kwargs=fallback.kwargs
+        )
+        self.model_started = self.policy.clock()
+        self.spent = (self.retries, self.continuations)
+        if record_span:
+            self.spans.append((fallback.model_id, len(self.acc.text)))
+        took_over_text = self.spans[-1][1] > 0  # another model wrote the start of the turn
+        self.text_only_prefix = took_over_text
+        self.reshape = self.acc.blocks if took_over_text else None
+
     def _unusable(self, checkpoint: StreamCheckpoint, now: float) -> str | None:
         key = self.key
-        if checkpoint.model and checkpoint.model != self.settings.model_id:
+        if checkpoint.model and checkpoint.model not in self.model_ids:
+            models = self.model_ids
+            expected = repr(models[0]) if len(models) == 1 else f"any of {list(models)!r}"
             return (
                 f"checkpoint {key!r} was made for model {checkpoint.model!r}, "
-                f"not {self.settings.model_id!r}; starting the turn afresh"
+                f"not {expected}; starting the turn afresh"
             )
         if checkpoint.fingerprint and checkpoint.fingerprint != self.request.fingerprint:
             return (
@@ -263,12 +315,19 @@ class TurnEngine:
                 self.messages,
                 self.acc.text,
                 self.settings.continuation_prompt,
-                blocks=self.acc.content_prefix() if self.acc.blocks else None,
+                # blocks are sent back only to the model that wrote them
+                blocks=(
+                    self.acc.content_prefix()
+                    if self.acc.blocks and not self.text_only_prefix
+                    else None
+                ),
             )
         return list(self.messages)
 
     def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
         """Feed one inner chunk; return the chunks to yield and whether to checkpoint now."""
+        if self.reshape is not None:
+            generation = reshaped_chunk(generation, blocks=self.reshape)
         out = self.acc.feed(generation)
         return out, self.cadence.observe() and self.checkpointing
 
@@ -300,7 +359,12 @@ class TurnEngine:
             in_flight=self.acc.in_flight is not None or self.acc.block_in_flight,
         )
         phase = RetryPhase.BEFORE_OUTPUT if plan is Plan.RESTART else RetryPhase.AFTER_OUTPUT
-        count = self.retries + 1 if phase is RetryPhase.BEFORE_OUTPUT else self.continuations + 1
+        retries, continuations = self.spent  # each model has its own budget
+        count = (
+            self.retries - retries + 1
+            if phase is RetryPhase.BEFORE_OUTPUT
+            else self.continuations - continuations + 1
+        )
         if plan is Plan.FINISH_WITH_TOOL_CALLS:
             info = self.policy.classify(exc)
             if not info.retryable:
@@ -321,14 +385,29 @@ class TurnEngine:
                 write=self.snapshot(),
                 reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished, failure=exc)],
             )
+        now = self.policy.clock()
         decision = self.policy.should_retry(
-            exc, attempt=count, elapsed=self.policy.clock() - self.started, phase=phase
+            exc, attempt=count, elapsed=now - self.model_started, phase=phase
         )
         info = decision.error
         if not info.retryable:
             return Step(chunks=held, write=self.snapshot(), error=exc)
         self.interruptions.append({"kind": info.kind.value, "plan": plan.value})
+        past_deadline = self.policy.past_deadline(now - self.started, decision.delay)
+        if not decision.retry and not past_deadline and self.in_effect < len(self.fallbacks):
+            return self._fall_back(exc, plan, held, decision)
+        if decision.retry and past_deadline:  # the deadline bounds the turn on every model
+            decision = dataclasses.replace(
+                decision,
+                retry=False,
+                reason=f"the turn would pass RetryPolicy.deadline={self.policy.deadline!r}",
+            )
         if not decision.retry:
+            if self.fallbacks:
+                decision = dataclasses.replace(
+                    decision,
+                    reason=f"{decision.reason}, on the last of {len(self.model_ids)} models",
+                )
             partial = (
                 self.acc.message({**self.metadata(), "interrupted": True})
                 if (text or self.acc.completed)
@@ -370,6 +449,47 @@ class TurnEngine:
             delay=decision.delay,
         )
 
+    def _fall_back(
+        self, exc: Exception, plan: Plan, held: list[ChatGenerationChunk], decision: RetryDecision
+    ) -> Step:
+        """The model in effect is spent: the turn moves on to the next model now.
+
+        No backoff: the next model is another deployment or provider. The record
+        written now names it as the model in effect, so a replacement process
+        goes on with it.
+        """
+        info = decision.error
+        spent = self.model_id
+        self.plans.append(plan.value)
+        if plan is Plan.RESTART:
+            self.retries += 1
+        else:
+            self.continuations += 1
+        self._use(self.in_effect + 1)
+        self.continuing = plan is not Plan.RESTART
+        data: dict[str, Any] = {
+            "key": self.key,
+            "plan": plan.value,
+            "from_model": spent,
+            "to_model": self.model_id,
+            "cause": info.kind.value,
+            "status_code": info.status_code,
+            "reason": decision.reason,
+            "attempt": self.attempts,
+            "error": describe(exc),
+            "chars_so_far": len(self.acc.text),
+        }
+        write = None
+        if self.checkpointing:
+            self.cadence.written()
+            write = self._record()
+        return Step(
+            chunks=held,
+            write=write,
+            reports=[Report(RecoveryEvent.FALLBACK, data)],
+            delay=0.0,
+        )
+
     # -- checkpoints ---------------------------------------------------------------------
 
     def snapshot(self) -> StreamCheckpoint | None:
@@ -384,7 +504,12 @@ class TurnEngine:
         return self.acc.snapshot(
             run_id=self.key,
             thread_id=self.request.thread_id,
-            model=self.settings.model_id,
+            model=self.model_id,
+            model_spans=(
+                tuple(ModelSpan(model=m, start=at) for m, at in self.spans)
+                if len(self.spans) > 1
+                else ()
+            ),
             fingerprint=self.request.fingerprint,
             retry_count=self.retries + self.continuations,
             epoch=self.epoch or 0,
@@ -458,7 +583,17 @@ class TurnEngine:
             "checkpoint_complete": self.kept and self.checkpointing,
             "one_document": self.request.one_document,
             "not_executed": self.acc.not_executed(),
+            "models": self.written_by(),
         }
+
+    def written_by(self) -> list[WrittenBy]:
+        """The models in effect, in order, with the span of the text each wrote."""
+        end = len(self.acc.text)
+        starts = [at for _, at in self.spans[1:]] + [end]
+        return [
+            {"model": model, "start": at, "end": max(at, stop)}
+            for (model, at), stop in zip(self.spans, starts, strict=True)
+        ]
 
     def final(self) -> list[ChatGenerationChunk]:
         """The chunk that closes the turn: usage, metadata, calls that will not run."""

@@ -62,6 +62,7 @@ __all__ = [
     "Report",
     "Reporter",
     "TurnState",
+    "WrittenBy",
 ]
 
 
@@ -74,6 +75,9 @@ class RecoveryEvent(enum.StrEnum):
     """An interruption after output: the turn is continued from its prefix."""
     FINISH_WITH_TOOL_CALLS = "awaken_finish_with_tool_calls"
     """An interruption after whole tool calls: the turn ends with them (plan R2)."""
+    FALLBACK = "awaken_fallback"
+    """The model in effect spent its budget: the turn moves to the next fallback model
+    (a fresh request before any output, a continuation from the prefix after it)."""
     RESUME = "awaken_resume"
     """A checkpoint of the turn was found and adopted."""
     CHECKPOINT_IGNORED = "awaken_checkpoint_ignored"
@@ -103,6 +107,17 @@ class NotExecutedCall(TypedDict):
     interrupted: bool
     """True when the stream was cut off in the call's arguments; False when the
     model itself wrote arguments that are not a JSON object."""
+
+
+class WrittenBy(TypedDict):
+    """The part of a turn's text one model wrote."""
+
+    model: str
+    """The model's identifier (``"<llm type>:<model name>"``)."""
+    start: int
+    """Offset of the model's first character in the message's text."""
+    end: int
+    """Offset just past its last character (``start`` when it wrote no text)."""
 
 
 class AwakenMetadata(TypedDict):
@@ -141,6 +156,9 @@ class AwakenMetadata(TypedDict):
     mode, forced tool choice), which is never continued as text."""
     not_executed: list[NotExecutedCall]
     """Tool calls that will not run, with the reason."""
+    models: list[WrittenBy]
+    """The models that were in effect, in order, with the text each wrote: one entry
+    unless the turn moved to a fallback model."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import uuid
@@ -25,7 +26,7 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from typing_extensions import override
 
 from awaken_langchain._idle import Pump, with_idle_timeout
@@ -36,6 +37,7 @@ from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore,
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.events import Report, Reporter, share_tracer
+from awaken_langchain.fallback import FallbackModel, call_kwargs_for, resolve_fallbacks
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -212,6 +214,22 @@ class RecoveringChatModel(BaseChatModel):
     call's config."""
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     """Attempts before output, continuations after output, backoff and deadline."""
+    fallbacks: tuple[BaseChatModel, ...] = ()
+    """Models the turn moves to, in order, when the model in effect has spent its
+    retry budget on retryable failures: chat models, or ``"provider:model"``
+    strings (resolved once, here, with ``init_chat_model``).
+
+    Before any output the next model gets the request afresh; after output it
+    continues the turn from the text so far (the same continuation request as
+    for one model, with the prefix as text only: thinking blocks, reasoning items
+    and other blocks stay in the answer but are not sent to another model). Each
+    model gets ``retry_policy``'s budget afresh (attempts, continuations,
+    ``overload_deadline`` counted from when it takes over); ``deadline`` bounds
+    the whole turn. Permanent errors are raised without trying a fallback. A
+    fallback of another chat model class gets the call's tools bound with its own
+    ``bind_tools``; a request whose answer must be one JSON document (structured
+    output, JSON mode, forced tool choice) moves only to fallbacks of the
+    primary's class, which take its arguments as they are."""
     store: StreamCheckpointStore | None = Field(default=None, exclude=True)
     """Where the in-flight turn is checkpointed; ``None`` recovers in-process only."""
     checkpoint_every_chunks: int = Field(default=8, ge=1)
@@ -251,6 +269,11 @@ class RecoveringChatModel(BaseChatModel):
     deletes it at turn end elsewhere; ``True`` always keeps it (commit with
     `awaken_langchain.history.commit_turn`, which deletes it); ``False`` deletes
     it when the turn ends."""
+
+    @field_validator("fallbacks", mode="before")
+    @classmethod
+    def _resolve_fallbacks(cls, value: Any) -> tuple[BaseChatModel, ...]:
+        return resolve_fallbacks(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -325,11 +348,14 @@ class RecoveringChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
+        params = {
             "inner": {"llm_type": self._inner()._llm_type, **self._inner()._identifying_params},
             "max_attempts": self.retry_policy.max_attempts,
             "max_continuations": self.retry_policy.max_continuations,
         }
+        if self.fallbacks:
+            params["fallbacks"] = [self._model_id(m) for m in self.fallbacks]
+        return params
 
     @override
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
@@ -546,6 +572,10 @@ class RecoveringChatModel(BaseChatModel):
             release_key=release,
             model=inner,
         )
+        if self.fallbacks:
+            request = dataclasses.replace(
+                request, fallbacks=self._fallback_chain(inner, request, kwargs, whole=whole)
+            )
         turn = TurnSettings(
             policy=self.retry_policy,
             model_id=model_id,
@@ -567,6 +597,29 @@ class RecoveringChatModel(BaseChatModel):
             provider=params.get("ls_provider"),
         )
         return TurnEngine(turn, request), reporter
+
+    def _fallback_chain(
+        self,
+        inner: BaseChatModel,
+        request: TurnRequest,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> tuple[FallbackModel, ...]:
+        """The fallbacks a turn can move to, each with the call's arguments as it takes them."""
+        chain: list[FallbackModel] = []
+        for model in self.fallbacks:
+            if request.one_document and type(model) is not type(inner):
+                continue  # the arguments that ask for one document are the primary's own
+            own = call_kwargs_for(inner, model, kwargs)
+            chain.append(
+                FallbackModel(
+                    model=model,
+                    model_id=self._model_id(model),
+                    kwargs=self._usage_kwargs(model, own) if whole else own,
+                )
+            )
+        return tuple(chain)
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
