@@ -38,6 +38,7 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamInterruptedError,
 )
+from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.middleware import StreamRecoveryMiddleware
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.testing import (
@@ -755,8 +756,11 @@ def kill_once_the_fallback_wrote(store_dir: Path, base_url: str, run_id: uuid.UU
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and child.poll() is None:
             if (store_dir / "cache.db").exists():
-                with DiskCacheStreamCheckpointStore(store_dir, read_only=True) as store:
-                    record = store.get(str(run_id))
+                try:  # the child may still be creating the database's tables
+                    with DiskCacheStreamCheckpointStore(store_dir, read_only=True) as store:
+                        record = store.get(str(run_id))
+                except StreamCheckpointError:
+                    record = None
                 if (
                     record is not None
                     and record.model == ANTHROPIC_ID
