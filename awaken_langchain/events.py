@@ -34,6 +34,7 @@ from langchain_core.callbacks import (
     AsyncCallbackManager,
     AsyncCallbackManagerForLLMRun,
     BaseCallbackManager,
+    BaseRunManager,
     CallbackManager,
     CallbackManagerForLLMRun,
 )
@@ -296,6 +297,19 @@ def share_tracer(config: RunnableConfig, model_callbacks: Any = None) -> None:
         config["callbacks"] = [*(callbacks or []), tracer]
 
 
+def _manager_fields(manager: BaseCallbackManager | BaseRunManager) -> dict[str, Any]:
+    """The handlers, parent, tags and metadata a callback manager is built from."""
+    return {
+        "handlers": manager.handlers,
+        "inheritable_handlers": manager.inheritable_handlers,
+        "parent_run_id": manager.parent_run_id,
+        "tags": manager.tags,
+        "inheritable_tags": manager.inheritable_tags,
+        "metadata": manager.metadata,
+        "inheritable_metadata": manager.inheritable_metadata,
+    }
+
+
 class Reporter:
     """Reports a call's recovery events: log, callbacks, warnings, graph stream, span.
 
@@ -331,29 +345,14 @@ class Reporter:
 
     def _manager_args(self) -> dict[str, Any] | None:
         manager = self._run_manager
-        if manager is None:
-            return None
-        return {
-            "handlers": manager.handlers,
-            "inheritable_handlers": manager.inheritable_handlers,
-            "parent_run_id": manager.parent_run_id,
-            "tags": manager.tags,
-            "inheritable_tags": manager.inheritable_tags,
-            "metadata": manager.metadata,
-            "inheritable_metadata": manager.inheritable_metadata,
-        }
+        return None if manager is None else _manager_fields(manager)
 
     def _run_args(self, manager: BaseCallbackManager) -> dict[str, Any]:
         """A run manager's arguments for the model run, without tracers that miss it."""
         return {
+            **_manager_fields(manager),
             "run_id": self.run_id,
             "handlers": [h for h in manager.handlers if _knows_run(h, self.run_id)],
-            "inheritable_handlers": manager.inheritable_handlers,
-            "parent_run_id": manager.parent_run_id,
-            "tags": manager.tags,
-            "inheritable_tags": manager.inheritable_tags,
-            "metadata": manager.metadata,
-            "inheritable_metadata": manager.inheritable_metadata,
         }
 
     def _publish(self, report: Report) -> None:
