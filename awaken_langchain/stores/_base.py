@@ -858,9 +858,18 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         check_run_id(run_id)
         self._check_writable("delete")
         with self._memo_lock:
-            self._memo.pop(run_id, None)
+            last = self._memo.pop(run_id, None)
         with self._backend_errors("delete", run_id):
-            self._backend_delete(run_id, epoch, None)
+            if last is None or not self._delete_written(run_id, epoch, last):
+                self._backend_delete(run_id, epoch, None)
+
+    def _delete_written(self, run_id: str, epoch: int | None, last: LastWrite) -> bool:
+        """Delete a run this instance wrote last, from what it knows of the record.
+
+        ``False`` (the default): delete by the general primitive instead. Runs
+        inside the ``delete`` error context; fencing is the override's to check.
+        """
+        return False
 
     def list_run_ids(self) -> list[str]:
         """Return the run ids that have an unexpired checkpoint.

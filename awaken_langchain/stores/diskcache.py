@@ -17,7 +17,6 @@ import diskcache
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
-    check_run_id,
     decode_json,
     encode_json,
 )
@@ -619,33 +618,15 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             run_id, "its key is pickled, which is never unpickled; remove the entry with delete"
         )
 
-    def delete(self, run_id: str, *, epoch: int | None = None) -> None:
-        """Delete the run's checkpoint; a missing checkpoint is not an error.
+    def _delete_written(self, run_id: str, epoch: int | None, last: LastWrite) -> bool:
+        """Delete a run this store wrote last without reading its record back.
 
-        The run's epoch record is kept for ``epoch_grace`` more seconds, and
-        later claims stay strictly larger even after it is gone. A run this
-        store wrote last is deleted without reading its record back.
-
-        Raises:
-            StreamCheckpointFencedError: If ``epoch`` is older than the run's
-                current epoch.
-            StreamCheckpointError: If ``epoch`` was never claimed, or the
-                database fails.
+        ``False``: the record is not as written (or kept in files); use the general path.
         """
-        check_run_id(run_id)
-        self._check_writable("delete")
-        with self._memo_lock:
-            last = self._memo.pop(run_id, None)
-        with self._backend_errors("delete", run_id):
-            state = None if last is None else last.state
-            if not isinstance(state, _Stored) or not self._delete_lean(run_id, epoch, last, state):
-                self._backend_delete(run_id, epoch, None)
-
-    def _delete_lean(
-        self, run_id: str, epoch: int | None, last: LastWrite | None, state: _Stored
-    ) -> bool:
-        """Delete a run whose record this store wrote last; ``False``: use the general path."""
-        sizes = None if last is None else last.extra.get("segments")
+        state = last.state
+        if not isinstance(state, _Stored):
+            return False
+        sizes = last.extra.get("segments")
         if not isinstance(sizes, list) or any(
             type(n) is not int or n >= self._cache.disk.min_file_size for n in sizes
         ):
