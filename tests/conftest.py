@@ -26,7 +26,7 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import run_id_bytes
-from awaken_langchain.testing import LoopbackProvider
+from awaken_langchain.testing import LoopbackProvider, RecordedRequest
 from tests.redis_server import (
     corrupt_redis,
     redis_let_time_pass,
@@ -281,6 +281,19 @@ def loopback_client(provider: str, server: LoopbackProvider, **settings: Any) ->
 
             _LOOPBACK_CLIENTS[key] = ChatAnthropic(base_url=server.base_url_anthropic, **values)
     return _LOOPBACK_CLIENTS[key]
+
+
+def answered_a_tool(request: RecordedRequest) -> bool:
+    """Whether an OpenAI or Anthropic request carries a tool result."""
+    for message in request.messages:
+        if message.get("role") == "tool":
+            return True
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            return True
+    return False
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
+from tests.conftest import answered_a_tool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -105,12 +106,6 @@ class Events(BaseCallbackHandler):
 
     def named(self, name: str) -> list[Any]:
         return [data for seen, data in self.seen if seen == name]
-
-
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[LoopbackProvider]:
-    with LoopbackProvider() as provider:
-        yield provider
 
 
 @pytest.fixture
@@ -597,19 +592,6 @@ WEATHER_ARGS = {"city": "Paris"}
 TOOL_TURN = Scenario(
     tool_calls=[ScriptedToolCall("weather", WEATHER_ARGS, id="call_weather")], chunk_size=2
 )
-
-
-def answered_a_tool(request: RecordedRequest) -> bool:
-    """Whether an OpenAI or Anthropic request carries a tool result."""
-    for message in request.messages:
-        if message.get("role") == "tool":
-            return True
-        content = message.get("content")
-        if isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-        ):
-            return True
-    return False
 
 
 def agent_responder(request: RecordedRequest) -> Scenario:

@@ -59,12 +59,6 @@ async def _no_wait(_seconds: float) -> None:
     return None
 
 
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[LoopbackProvider]:
-    with LoopbackProvider() as provider:
-        yield provider
-
-
 @pytest.fixture
 def server(shared_server: LoopbackProvider) -> LoopbackProvider:
     shared_server.reset()
