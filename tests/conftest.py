@@ -17,6 +17,7 @@ from typing import Any
 
 import diskcache
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 
 from awaken_langchain import (
@@ -281,6 +282,37 @@ def loopback_client(provider: str, server: LoopbackProvider, **settings: Any) ->
 
             _LOOPBACK_CLIENTS[key] = ChatAnthropic(base_url=server.base_url_anthropic, **values)
     return _LOOPBACK_CLIENTS[key]
+
+
+class Sleeps:
+    """Records the waits the policy asked for, advancing a fake clock instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.now = 0.0
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        self(seconds)
+
+    def clock(self) -> float:
+        return self.now
+
+
+class Events(BaseCallbackHandler):
+    """The recovery events a call reported (custom events), in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.seen.append((name, data))
+
+    def named(self, name: str) -> list[Any]:
+        return [data for seen, data in self.seen if seen == name]
 
 
 def answered_a_tool(request: RecordedRequest) -> bool:

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 from langchain.agents import create_agent
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.tools import BaseTool, tool
@@ -50,7 +49,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
-from tests.conftest import answered_a_tool
+from tests.conftest import Events, Sleeps, answered_a_tool
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -75,37 +74,6 @@ def _text_of(content: Any) -> str:
         for b in content
         if isinstance(b, str) or b.get("type") == "text"
     )
-
-
-class Sleeps:
-    """Records the waits the policy asked for, advancing a fake clock instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-        self.now = 0.0
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-        self.now += seconds
-
-    async def asleep(self, seconds: float) -> None:
-        self(seconds)
-
-    def clock(self) -> float:
-        return self.now
-
-
-class Events(BaseCallbackHandler):
-    """The recovery events a call reported."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        self.seen.append((name, data))
-
-    def named(self, name: str) -> list[Any]:
-        return [data for seen, data in self.seen if seen == name]
 
 
 @pytest.fixture

@@ -25,7 +25,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
-from tests.conftest import loopback_client
+from tests.conftest import Sleeps, loopback_client
 
 # one event loop for the module: the SDKs' async clients are shared between tests
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -43,19 +43,6 @@ def _text_of(content: Any) -> str:
 def continuing(full: str, overlap_words: int = 0) -> Any:
     """A model asked to continue: it resumes after the saved prefix."""
     return continuation_responder(Scenario(text=full), overlap_words=overlap_words)
-
-
-class Sleeps:
-    """Records the waits the policy asked for instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-    async def asleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
 
 
 @pytest.fixture
