@@ -26,16 +26,13 @@ from awaken_langchain._extras import require_agents, visible
 from awaken_langchain.history import release_committed
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
+from awaken_langchain.stores._base import make_private_database
 from awaken_langchain.stores.diskcache import DiskCacheStreamCheckpointStore
 
 CHECKPOINTS_DIR = "checkpoints"
 """The checkpoint store's directory inside ``--dir``."""
 MEMORY_FILE = "memory.sqlite"
 """The LangGraph memory's database inside ``--dir``."""
-
-
-MEMORY_SIDE_FILES = ("-wal", "-shm", "-journal")
-"""The files SQLite keeps next to a database while it writes it."""
 
 
 def private_directory(path: Path) -> Path:
@@ -53,15 +50,8 @@ def private_directory(path: Path) -> Path:
 
 
 def private_database(path: Path) -> sqlite3.Connection:
-    """Open a SQLite database whose file and side files are private (0600), whatever the umask.
-
-    The file is created private before SQLite first opens it: SQLite gives its
-    -wal and -shm files the database file's mode.
-    """
-    os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o600))
-    for name in (path.name, *(path.name + suffix for suffix in MEMORY_SIDE_FILES)):
-        if (path.parent / name).exists():
-            os.chmod(path.parent / name, 0o600)
+    """Open a SQLite database whose file and side files are private (0600), whatever the umask."""
+    make_private_database(path)
     return sqlite3.connect(path, check_same_thread=False)
 
 

@@ -29,6 +29,7 @@ from awaken_langchain.checkpoint import (
     InFlightToolCall,
     NotExecutedToolCall,
     StreamCheckpoint,
+    TextBlockStart,
 )
 from awaken_langchain.events import NotExecutedCall
 from awaken_langchain.recovery import INVALID_ARGS_MARKER, SeamFilter
@@ -169,6 +170,21 @@ _SHAPE_KEYS = ("model_provider", "output_version")
 _TEXT_KEYS = frozenset(("type", "text", "index"))
 
 
+def _shifted(annotations: Any, by: int) -> Any:
+    """Responses annotations of a continuation's text, placed in the text block it extends."""
+    if not by or not isinstance(annotations, list):
+        return annotations
+    out = []
+    for note in annotations:
+        if isinstance(note, dict):
+            note = dict(note)
+            for key in ("start_index", "end_index"):
+                if isinstance(note.get(key), int):
+                    note[key] += by
+        out.append(note)
+    return out
+
+
 def _block_is_whole(block: Mapping[str, Any]) -> bool:
     """Whether a non-text block can be sent back as it is, before its end arrives.
 
@@ -237,8 +253,14 @@ class TurnAccumulator:
         """Whether this attempt's block indexes are moved past those already used."""
         self._continued: Any = None
         """The turn's index of the text block a continuation's first text extends."""
+        self._continued_from = 0
+        """How much text that block held when the continuation began."""
+        self._extended: Any = None
+        """The turn's index of the text block this attempt's first text block extends."""
         self._text_index: Any = None
         self.completed_blocks: list[CompletedBlock] = []
+        self._resumed_text_blocks: list[TextBlockStart] = []
+        """The text blocks of a resumed checkpoint (``replay`` rebuilds them)."""
         self._item_ids: dict[str, Any] = {}
         """ChatOpenAI's function call item ids (``v0``), by call id, until the call is whole."""
         self._reasoning: dict[str, Any] | None = None
@@ -270,6 +292,7 @@ class TurnAccumulator:
             self.invalid = list(checkpoint.invalid_tool_calls)
             self.terminal = checkpoint.complete
             self.completed_blocks = list(checkpoint.completed_blocks)
+            self._resumed_text_blocks = list(checkpoint.text_blocks)
             self.blocks = bool(self.completed_blocks) or checkpoint.content_blocks
             used = [c.index for c in self.completed] + [c.index for c in self.invalid]
             cut = checkpoint.in_flight_tool_call
@@ -298,6 +321,12 @@ class TurnAccumulator:
             self._text = self._text + "".join(self._text_parts)
             self._text_parts = []
         return self._text
+
+    @property
+    def nothing_shown(self) -> bool:
+        """Whether output arrived in this turn and none of it has been released."""
+        released = self.text or self._content or self.completed or self.additional_kwargs
+        return bool(self._held or self._held_kwargs) and not released
 
     @property
     def in_flight(self) -> _OpenCall | None:
@@ -334,6 +363,7 @@ class TurnAccumulator:
             in_flight_tool_call=in_flight,
             invalid_tool_calls=tuple(self.invalid),
             completed_blocks=tuple(self.completed_blocks),
+            text_blocks=self._text_block_starts() if self.blocks else (),
             content_blocks=self.blocks,
             message_id=self.message_id,
             **fields,
@@ -357,6 +387,13 @@ class TurnAccumulator:
                 len(p) if isinstance(p, str) else _size(p) for p in self._held
             )
             self._held = []
+        # a text block cut before its first text (only its citations came) is sent again
+        begun = {b.get("index") for b in self._content if isinstance(b, dict)}
+        self._held = [
+            p
+            for p in self._held
+            if not (_is_text(p) and p.get("text") == "" and p.get("index") not in begun)
+        ]
         self._pending = {}
         self._block_map = {}
         kept = [b.get("index") for b in (*self._content, *self._held) if isinstance(b, dict)]
@@ -367,6 +404,10 @@ class TurnAccumulator:
         self._continued = (
             last.get("index") if continuing and isinstance(last, dict) and _is_text(last) else None
         )
+        self._continued_from = (
+            len(str(last.get("text") or "")) if self._continued is not None and last else 0
+        )
+        self._extended = None
         self._open = {}
         self._index_map = {}
         self.terminal = False
@@ -427,7 +468,8 @@ class TurnAccumulator:
             if self._reasoning is not None:
                 self._complete_reasoning(out)
             self._close_blocks(out)
-            self._release_held(out)
+            if not self.hold_text:  # one document is released when its stream has ended
+                self._release_held(out)
             for index in sorted(self._open):
                 self._close_call(self._open.pop(index), out, interrupted=False)
         self.emitted_in_attempt += len(out)
@@ -673,15 +715,27 @@ class TurnAccumulator:
             raw = block.get("index")
             if raw is not None and raw not in self._block_map:
                 self._close_blocks(out)  # blocks arrive one after another
+                if block.get("citations"):  # a block that opens citing begins, never extends
+                    self._continued = None
             index = self._map_block(raw, text=_is_text(block))
             piece = dict(block)
             if raw is not None:
                 piece["index"] = index
             if _is_text(piece):
                 self._text_index = index
+                extends = index is not None and index == self._extended
+                if extends and "id" in piece and self._has_id(index):
+                    piece.pop("id")  # the text continues the original item: its id stays
+                if extends and piece.get("annotations"):
+                    repeated = self._seam.removed_chars if self._seam is not None else 0
+                    by = self._continued_from - repeated
+                    piece["annotations"] = _shifted(piece["annotations"], by)
                 if set(piece) - _TEXT_KEYS:  # citations, annotations, an id
                     self._held.append({**piece, "text": ""})
-                    if not self.hold_text and self._visible:
+                    begun = any(
+                        isinstance(b, dict) and b.get("index") == index for b in self._content
+                    )
+                    if begun and not self.hold_text and self._visible:  # a new block waits for text
                         self._release_held(out)
                 self._feed_text(str(block.get("text") or ""), out)
                 continue
@@ -695,6 +749,11 @@ class TurnAccumulator:
             if _block_is_whole(merged):
                 self._complete_block(self._pending.pop(index), out)
 
+    def _has_id(self, index: Any) -> bool:
+        """Whether the turn's block ``index`` already carries its item id."""
+        blocks = (*self._content, *self._held)
+        return any(isinstance(b, dict) and b.get("index") == index and b.get("id") for b in blocks)
+
     def _map_block(self, raw: Any, *, text: bool) -> Any:
         """The turn's index for a block index of this attempt."""
         if raw is None:
@@ -702,7 +761,7 @@ class TurnAccumulator:
         if raw in self._block_map:
             return self._block_map[raw]
         if text and self._continued is not None:
-            index = self._continued
+            index = self._extended = self._continued
         elif not self._shift:
             index = raw
         elif isinstance(raw, int):
@@ -738,23 +797,56 @@ class TurnAccumulator:
         """The released content blocks, as a continuation's assistant message sends them."""
         return [_unindexed(b) for b in self._content]
 
+    def _text_block_starts(self) -> tuple[TextBlockStart, ...]:
+        """Where each released text block begins in the text, with its other keys."""
+        starts: list[TextBlockStart] = []
+        at = 0
+        for block in self._content:
+            if isinstance(block, str):
+                text, fields = block, {}
+            elif _is_text(block):
+                text = str(block.get("text") or "")
+                fields = {k: v for k, v in block.items() if k not in _TEXT_KEYS}
+            else:
+                continue
+            starts.append(TextBlockStart(text_offset=at, fields=fields))
+            at += len(text)
+        return tuple(starts)
+
     def replay(self) -> list[AIMessageChunk]:
         """Chunks that deliver a resumed checkpoint's text and blocks, in their order."""
-        pieces: list[Any] = []
-        text, at = self._text, 0
-        for record in self.completed_blocks:
-            if record.text_offset > at:
-                pieces.append(text[at : record.text_offset])
-                at = record.text_offset
-            pieces.append(dict(record.block))
-        if at < len(text):
-            pieces.append(text[at:])
+        text = self._text
         if not self.blocks:
             return [AIMessageChunk(content=text, id=self.message_id)] if text else []
+        # blocks first where a block and a text block begin at one place in the text
+        marks = sorted(
+            [(b.text_offset, 0, i, b) for i, b in enumerate(self.completed_blocks)]
+            + [(t.text_offset, 1, i, t) for i, t in enumerate(self._resumed_text_blocks)]
+        )
         content: list[Any] = []
-        for i, piece in enumerate(pieces):
-            block = {"type": "text", "text": piece} if isinstance(piece, str) else piece
-            content.append({**block, "index": i})
+        text_block: dict[str, Any] | None = None
+        at = 0
+
+        def add_text(end: int) -> None:
+            nonlocal at, text_block
+            if end <= at:
+                return
+            if text_block is None:
+                text_block = {"type": "text", "text": ""}
+                content.append(text_block)
+            text_block["text"] += text[at:end]
+            at = end
+
+        for offset, _, _, mark in marks:
+            add_text(min(offset, len(text)))
+            if isinstance(mark, CompletedBlock):
+                content.append(dict(mark.block))
+                text_block = None
+            else:
+                text_block = {"type": "text", **mark.fields, "text": ""}
+                content.append(text_block)
+        add_text(len(text))
+        content = [{**block, "index": i} for i, block in enumerate(content)]
         self._content = list(content)
         self._used = set(range(len(content)))
         self._next_block = len(content)

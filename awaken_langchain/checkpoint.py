@@ -15,7 +15,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from awaken_langchain.errors import StreamCheckpointError
 
@@ -97,6 +105,29 @@ class CompletedBlock(BaseModel):
     """How many characters of ``partial_text`` came before the block."""
 
 
+class TextBlockStart(BaseModel):
+    """Where a text block of the turn begins, and what it carries besides its text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text_offset: int = Field(default=0, ge=0)
+    """How many characters of ``partial_text`` came before the block."""
+    fields: dict[str, Any] = Field(default_factory=dict)
+    """The block's keys other than ``type`` and ``text`` (JSON): Anthropic
+    ``citations``, Responses ``annotations`` and item ``id``..."""
+
+
+class ModelSpan(BaseModel):
+    """Where the text written by one model of a turn begins (a turn that moved to a fallback)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    """The model's identifier (as in ``StreamCheckpoint.model``)."""
+    start: int = Field(default=0, ge=0)
+    """How many characters of ``partial_text`` came before the model took over."""
+
+
 class StreamCheckpoint(BaseModel):
     """One in-flight assistant turn, as far as it had arrived.
 
@@ -116,7 +147,9 @@ class StreamCheckpoint(BaseModel):
     thread_id: str | None = None
     """The conversation thread the turn belongs to, when known."""
     model: str = ""
-    """Identifier of the model the turn was requested from."""
+    """Identifier of the model in effect: the one the turn was requested from, or the
+    fallback it had moved to. A wrapper resumes the record only when this model is
+    its model or one of its fallbacks, and goes on with this model."""
     fingerprint: str | None = None
     """A digest of the request that started the turn (messages, tools, settings that
     shape the output). A checkpoint is resumed only by the same request; ``None``
@@ -137,6 +170,13 @@ class StreamCheckpoint(BaseModel):
     completed_blocks: tuple[CompletedBlock, ...] = ()
     """Whole content blocks other than text, in order, each with its place in the
     text; a cut-off block is never recorded (it could not be sent back)."""
+    text_blocks: tuple[TextBlockStart, ...] = ()
+    """Where each text block begins in ``partial_text``, with its citations or
+    annotations, for models that stream content blocks (empty in older records:
+    their text is resumed as one block per stretch between other blocks)."""
+    model_spans: tuple[ModelSpan, ...] = ()
+    """For a turn that moved to a fallback model: each model in effect, in order,
+    with where its text begins. Empty when one model wrote the whole turn."""
     complete: bool = False
     """Whether the turn has finished (a terminal signal arrived, or it was finished
     with its whole tool calls). A complete checkpoint holds the whole answer and is
@@ -165,6 +205,14 @@ class StreamCheckpoint(BaseModel):
     @classmethod
     def _run_id_is_addressable(cls, value: object) -> str:
         return check_run_id(value)
+
+    @model_serializer(mode="wrap")
+    def _without_empty_spans(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Leave ``model_spans`` out of a one-model record, which then reads as before."""
+        data = handler(self)
+        if not self.model_spans and isinstance(data, dict):
+            data.pop("model_spans", None)
+        return data
 
 
 def model_identifier(llm_type: str, model_name: object = None) -> str:

@@ -9,6 +9,7 @@ never; the sync and async drivers in ``model.py`` carry its steps out.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,17 +18,20 @@ from typing import Any
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
+from pydantic import ValidationError
 
 from awaken_langchain._provider_resume import ProviderStream, ProviderStreamGoneError
 from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, dumps_args
-from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.checkpoint import ModelSpan, StreamCheckpoint
+from awaken_langchain.classify import _raised_inside_provider_sdk
 from awaken_langchain.errors import (
     StreamCheckpointError,
     StreamCheckpointFencedError,
     StreamEndedEarlyError,
     StreamInterruptedError,
 )
-from awaken_langchain.events import AwakenMetadata, RecoveryEvent, Report, warning
+from awaken_langchain.events import AwakenMetadata, RecoveryEvent, Report, WrittenBy, warning
+from awaken_langchain.fallback import FallbackModel, reshaped_chunk
 from awaken_langchain.recovery import (
     Plan,
     answer_invalid_tool_calls,
@@ -35,7 +39,7 @@ from awaken_langchain.recovery import (
     continuation_messages,
     estimate_tokens,
 )
-from awaken_langchain.retry import RetryPhase, RetryPolicy
+from awaken_langchain.retry import RetryDecision, RetryPhase, RetryPolicy
 
 __all__ = ["PROVIDER_RESUME", "Step", "TurnEngine", "TurnRequest", "TurnSettings"]
 
@@ -85,6 +89,8 @@ class TurnRequest:
     """The kept checkpoint of the previous turn, which memory now holds."""
     model: Any = None
     """The chat model that answers (resolved from the call's config for a configurable one)."""
+    fallbacks: tuple[FallbackModel, ...] = ()
+    """The models the turn moves to, in order, when the model in effect is spent."""
 
 
 @dataclass(slots=True)
@@ -111,6 +117,17 @@ def describe(exc: BaseException) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _rejected_unfinished_answer(exc: Exception) -> bool:
+    """Whether a provider SDK failed to assemble an answer that ended without its terminal event.
+
+    The openai SDK's structured-output stream checks its final completion when the
+    body ends: a document cut short fails validation (``pydantic.ValidationError``),
+    an answer with no event at all fails an assertion. Either way the stream ended
+    early, which is an interruption like any other.
+    """
+    return isinstance(exc, ValidationError | AssertionError) and _raised_inside_provider_sdk(exc)
 
 
 class TurnEngine:
@@ -141,6 +158,7 @@ class TurnEngine:
         self.plans: list[str] = []
         self.interruptions: list[dict[str, Any]] = []
         self.resumed = False
+        self.replayed = False
         self.continuing = False
         self.done = False
         self.epoch: int | None = None
@@ -150,6 +168,9 @@ class TurnEngine:
         self.kept = False
         self.provider = ProviderStream() if settings.provider_resume else None
         """The turn's background response at the provider, with provider resume."""
+        self.left_running: list[tuple[ProviderStream, Any]] = []
+        """Background responses of models the turn moved away from (with their model),
+        still running at the provider until cancelled."""
         self._adopted: TurnAccumulator | None = None
         """The checkpoint's accumulator, kept while the turn is rebuilt from the provider."""
         self.cadence = CheckpointCadence(
@@ -157,6 +178,18 @@ class TurnEngine:
             every_seconds=settings.every_seconds,
             clock=self.policy.clock,
         )
+        self.fallbacks = request.fallbacks
+        self.in_effect = 0
+        """Which model answers: 0 the request's model, ``n`` its ``n``-th fallback."""
+        self.model_started = self.started
+        self.spent = (0, 0)
+        """Retries and continuations made before the model in effect took over."""
+        self.spans: list[tuple[str, int]] = [(settings.model_id, 0)]
+        self.text_only_prefix = False
+        """Continuations send the prefix as text only: another model wrote part of it."""
+        self.reshape: bool | None = None
+        """Move the text of the model in effect into the turn's shape: a list of blocks
+        (``True``) or a string (``False``); ``None`` leaves chunks as they are."""
 
     # -- opening: adopt a checkpoint ---------------------------------------------------
 
@@ -180,6 +213,7 @@ class TurnEngine:
             standard_blocks=self.settings.standard_blocks,
         )
         self.resumed = True
+        self._adopt_model(checkpoint)
         out = self.acc.replay()
         for call in checkpoint.completed_tool_calls:
             out.append(
@@ -196,6 +230,9 @@ class TurnEngine:
                     ],
                 )
             )
+        for chunk in out:  # a UI tells replayed text from new text by this mark
+            chunk.response_metadata = {**chunk.response_metadata, "awaken": {"replayed": True}}
+        self.replayed = bool(out)
         if checkpoint.complete:  # finished before memory committed it: no request needed
             self.done = True
             resumed_as = "complete"
@@ -232,12 +269,51 @@ class TurnEngine:
         }
         return Step(chunks=_wrap(out), reports=[Report(RecoveryEvent.RESUME, data)])
 
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The request's model and its fallbacks, in order."""
+        return (self.settings.model_id, *(f.model_id for f in self.fallbacks))
+
+    @property
+    def model_id(self) -> str:
+        """The model in effect."""
+        return self.model_ids[self.in_effect]
+
+    def _adopt_model(self, checkpoint: StreamCheckpoint) -> None:
+        """Go on with the model that was in effect when ``checkpoint`` was written."""
+        if checkpoint.model_spans:
+            self.spans = [(span.model, span.start) for span in checkpoint.model_spans]
+        ids = self.model_ids
+        if checkpoint.model and checkpoint.model != ids[0] and checkpoint.model in ids:
+            self._use(ids.index(checkpoint.model), record_span=not checkpoint.model_spans)
+
+    def _use(self, index: int, *, record_span: bool = True) -> None:
+        """Make the ``index``-th model of the chain the one in effect, with a fresh budget."""
+        self.in_effect = index
+        fallback = self.fallbacks[index - 1]
+        if self.provider is not None:  # provider resume is the primary model's setting
+            if self.provider.resumable:
+                self.left_running.append((self.provider, self.request.model))
+            self.provider = None
+        self.request = dataclasses.replace(
+            self.request, model=fallback.model, kwargs=fallback.kwargs
+        )
+        self.model_started = self.policy.clock()
+        self.spent = (self.retries, self.continuations)
+        if record_span:
+            self.spans.append((fallback.model_id, len(self.acc.text)))
+        took_over_text = self.spans[-1][1] > 0  # another model wrote the start of the turn
+        self.text_only_prefix = took_over_text
+        self.reshape = self.acc.blocks if took_over_text else None
+
     def _unusable(self, checkpoint: StreamCheckpoint, now: float) -> str | None:
         key = self.key
-        if checkpoint.model and checkpoint.model != self.settings.model_id:
+        if checkpoint.model and checkpoint.model not in self.model_ids:
+            models = self.model_ids
+            expected = repr(models[0]) if len(models) == 1 else f"any of {list(models)!r}"
             return (
                 f"checkpoint {key!r} was made for model {checkpoint.model!r}, "
-                f"not {self.settings.model_id!r}; starting the turn afresh"
+                f"not {expected}; starting the turn afresh"
             )
         if checkpoint.fingerprint and checkpoint.fingerprint != self.request.fingerprint:
             return (
@@ -275,12 +351,19 @@ class TurnEngine:
                 self.messages,
                 self.acc.text,
                 self.settings.continuation_prompt,
-                blocks=self.acc.content_prefix() if self.acc.blocks else None,
+                # blocks are sent back only to the model that wrote them
+                blocks=(
+                    self.acc.content_prefix()
+                    if self.acc.blocks and not self.text_only_prefix
+                    else None
+                ),
             )
         return list(self.messages)
 
     def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
         """Feed one inner chunk; return the chunks to yield and whether to checkpoint now."""
+        if self.reshape is not None:
+            generation = reshaped_chunk(generation, blocks=self.reshape)
         out = self.acc.feed(generation)
         if self.provider is not None and not self.provider.fed(generation):
             return [], False  # rebuilt from events the checkpoint already showed
@@ -300,9 +383,13 @@ class TurnEngine:
     def on_failure(self, exc: Exception) -> Step:
         """Decide what to do about an interruption of the current attempt."""
         held = _wrap(self.acc.end_of_text())
-        if self.acc.terminal:  # the answer was complete; only the epilogue broke
+        if self.acc.terminal and not (self.request.one_document and self.acc.nothing_shown):
+            # the answer was complete; only the epilogue broke (one document not shown yet
+            # is asked again: its epilogue, a parsed copy of it, is part of the answer)
             self.done = True
             return Step(chunks=held)
+        if not self.acc.terminal and _rejected_unfinished_answer(exc):
+            exc = StreamEndedEarlyError(chunks_received=self.acc.chunks_in_attempt)
         provider, gone = self.provider, isinstance(exc, ProviderStreamGoneError)
         if provider is not None and gone:  # continue by prompt instead
             if provider.replaying and self._adopted is not None:
@@ -321,11 +408,12 @@ class TurnEngine:
             if plan is Plan.RESTART and not resuming
             else RetryPhase.AFTER_OUTPUT
         )
+        retries, continuations = self.spent  # each model has its own budget
         resumed = provider.resumes if provider is not None else 0
         count = (
-            self.retries + 1
+            self.retries - retries + 1
             if phase is RetryPhase.BEFORE_OUTPUT
-            else self.continuations + resumed + 1
+            else self.continuations - continuations + resumed + 1
         )
         if plan is Plan.FINISH_WITH_TOOL_CALLS and not resuming:
             info = self.policy.classify(exc)
@@ -345,16 +433,31 @@ class TurnEngine:
             return Step(
                 chunks=held,
                 write=self.snapshot(),
-                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished)],
+                reports=[Report(RecoveryEvent.FINISH_WITH_TOOL_CALLS, finished, failure=exc)],
             )
+        now = self.policy.clock()
         decision = self.policy.should_retry(
-            exc, attempt=count, elapsed=self.policy.clock() - self.started, phase=phase
+            exc, attempt=count, elapsed=now - self.model_started, phase=phase
         )
         info = decision.error
         if not info.retryable:
             return Step(chunks=held, write=self.snapshot(), error=exc)
         self.interruptions.append({"kind": info.kind.value, "plan": label})
+        past_deadline = self.policy.past_deadline(now - self.started, decision.delay)
+        if not decision.retry and not past_deadline and self.in_effect < len(self.fallbacks):
+            return self._fall_back(exc, plan, held, decision)
+        if decision.retry and past_deadline:  # the deadline bounds the turn on every model
+            decision = dataclasses.replace(
+                decision,
+                retry=False,
+                reason=f"the turn would pass RetryPolicy.deadline={self.policy.deadline!r}",
+            )
         if not decision.retry:
+            if self.fallbacks:
+                decision = dataclasses.replace(
+                    decision,
+                    reason=f"{decision.reason}, on the last of {len(self.model_ids)} models",
+                )
             partial = (
                 self.acc.message({**self.metadata(), "interrupted": True})
                 if (text or self.acc.completed)
@@ -388,7 +491,7 @@ class TurnEngine:
             return Step(
                 chunks=held,
                 write=self.snapshot(),
-                reports=[Report(RecoveryEvent.PROVIDER_RESUME, resume)],
+                reports=[Report(RecoveryEvent.PROVIDER_RESUME, resume, failure=exc)],
                 delay=decision.delay,
             )
         if phase is RetryPhase.BEFORE_OUTPUT:
@@ -415,8 +518,49 @@ class TurnEngine:
         return Step(
             chunks=held,
             write=self.snapshot(),
-            reports=[Report(event, data)],
+            reports=[Report(event, data, failure=exc)],
             delay=decision.delay,
+        )
+
+    def _fall_back(
+        self, exc: Exception, plan: Plan, held: list[ChatGenerationChunk], decision: RetryDecision
+    ) -> Step:
+        """The model in effect is spent: the turn moves on to the next model now.
+
+        No backoff: the next model is another deployment or provider. The record
+        written now names it as the model in effect, so a replacement process
+        goes on with it.
+        """
+        info = decision.error
+        spent = self.model_id
+        self.plans.append(plan.value)
+        if plan is Plan.RESTART:
+            self.retries += 1
+        else:
+            self.continuations += 1
+        self._use(self.in_effect + 1)
+        self.continuing = plan is not Plan.RESTART
+        data: dict[str, Any] = {
+            "key": self.key,
+            "plan": plan.value,
+            "from_model": spent,
+            "to_model": self.model_id,
+            "cause": info.kind.value,
+            "status_code": info.status_code,
+            "reason": decision.reason,
+            "attempt": self.attempts,
+            "error": describe(exc),
+            "chars_so_far": len(self.acc.text),
+        }
+        write = None
+        if self.checkpointing:
+            self.cadence.written()
+            write = self._record()
+        return Step(
+            chunks=held,
+            write=write,
+            reports=[Report(RecoveryEvent.FALLBACK, data, failure=exc)],
+            delay=0.0,
         )
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -439,7 +583,12 @@ class TurnEngine:
             provider_sequence_number=provider.sequence_number if whole and provider else None,
             run_id=self.key,
             thread_id=self.request.thread_id,
-            model=self.settings.model_id,
+            model=self.model_id,
+            model_spans=(
+                tuple(ModelSpan(model=m, start=at) for m, at in self.spans)
+                if len(self.spans) > 1
+                else ()
+            ),
             fingerprint=self.request.fingerprint,
             retry_count=self.retries + self.continuations,
             epoch=self.epoch or 0,
@@ -504,6 +653,7 @@ class TurnEngine:
             "retries": self.retries,
             "continuations": self.continuations,
             "resumed": self.resumed,
+            "replayed": self.replayed,
             "interruptions": list(self.interruptions),
             "seconds_waited": round(self.waited, 6),
             "regenerated_output_tokens": estimate_tokens(regenerated),
@@ -514,13 +664,30 @@ class TurnEngine:
             "not_executed": self.acc.not_executed(),
             "provider_resumes": self.provider.resumes if self.provider is not None else 0,
             "provider_response_id": self.provider.response_id if self.provider else None,
+            "models": self.written_by(),
         }
+
+    def running_responses(self) -> list[tuple[ProviderStream, Any]]:
+        """Background responses the turn leaves running, each with its model."""
+        running = list(self.left_running)
+        if self.provider is not None and self.provider.resumable:
+            running.append((self.provider, self.request.model))
+        return running
 
     def cancelled(self, response_id: str) -> list[Report]:
         """The turn left its background response running and cancelled it."""
         data = {"key": self.key, "response_id": response_id}
         message = f"cancelled background response {response_id!r}: the turn did not finish"
         return [Report(RecoveryEvent.PROVIDER_CANCEL, data, message)]
+
+    def written_by(self) -> list[WrittenBy]:
+        """The models in effect, in order, with the span of the text each wrote."""
+        end = len(self.acc.text)
+        starts = [at for _, at in self.spans[1:]] + [end]
+        return [
+            {"model": model, "start": at, "end": max(at, stop)}
+            for (model, at), stop in zip(self.spans, starts, strict=True)
+        ]
 
     def final(self) -> list[ChatGenerationChunk]:
         """The chunk that closes the turn: usage, metadata, calls that will not run."""

@@ -4,7 +4,12 @@ Every recovery decision (a retry, a continuation, a resume, a checkpoint
 warning) is reported the same way, whoever makes it (the wrapper, the callback
 handler, the history helpers): a log record under ``awaken_langchain``, a
 LangChain custom event (seen by callback handlers and ``astream_events``) when
-the call has callbacks, and, for warnings, a `StreamCheckpointWarning`.
+the call has callbacks, and, for warnings, a `StreamCheckpointWarning`. A
+retry or a continuation is also a LangChain retry callback (``on_retry``: a
+``"retry"`` event of the model's run in a tracer's run tree). Inside a LangGraph
+graph every event is also written to the graph's custom stream
+(``stream_mode="custom"``), and with ``opentelemetry-api`` installed it is an
+event of the turn's span (`awaken_langchain._telemetry`).
 
 Log records carry the event as structured fields (``extra``), for JSON log
 formatters and log pipelines: ``awaken_event`` (the event name),
@@ -15,20 +20,37 @@ prefixed with ``awaken_`` (``awaken_key``, ``awaken_plan``, ``awaken_attempt``,
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
+import sys
 import uuid
 import warnings
-from dataclasses import dataclass
-from typing import Any, TypedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypedDict
 
 from langchain_core.callbacks import (
     AsyncCallbackManager,
     AsyncCallbackManagerForLLMRun,
+    BaseCallbackManager,
+    BaseRunManager,
     CallbackManager,
     CallbackManagerForLLMRun,
 )
+from langchain_core.runnables import RunnableConfig
+from langchain_core.tracers import BaseTracer
+from langchain_core.tracers.base import AsyncBaseTracer
+from langchain_core.tracers.context import (
+    _get_tracer_kwargs,
+    _tracing_v2_is_enabled,
+    tracing_v2_callback_var,
+)
+from langchain_core.tracers.langchain import LangChainTracer
+from langchain_core.tracers.schemas import Run
+from tenacity import RetryCallState, Retrying
 
+from awaken_langchain import _telemetry
 from awaken_langchain.errors import StreamCheckpointWarning
 
 logger = logging.getLogger(__name__)
@@ -36,9 +58,12 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "AwakenMetadata",
     "NotExecutedCall",
+    "RECOVERED_TAG",
     "RecoveryEvent",
     "Report",
     "Reporter",
+    "TurnState",
+    "WrittenBy",
 ]
 
 
@@ -51,6 +76,9 @@ class RecoveryEvent(enum.StrEnum):
     """An interruption after output: the turn is continued from its prefix."""
     FINISH_WITH_TOOL_CALLS = "awaken_finish_with_tool_calls"
     """An interruption after whole tool calls: the turn ends with them (plan R2)."""
+    FALLBACK = "awaken_fallback"
+    """The model in effect spent its budget: the turn moves to the next fallback model
+    (a fresh request before any output, a continuation from the prefix after it)."""
     RESUME = "awaken_resume"
     """A checkpoint of the turn was found and adopted."""
     CHECKPOINT_IGNORED = "awaken_checkpoint_ignored"
@@ -65,6 +93,16 @@ class RecoveryEvent(enum.StrEnum):
     PROVIDER_CANCEL = "awaken_provider_cancel"
     """A turn that did not finish (abandoned, out of budget) cancelled its background
     response, so the provider stops generating it."""
+
+    @property
+    def is_retry(self) -> bool:
+        """Whether the event sends a request again (reported as a LangChain retry too)."""
+        return self in (
+            RecoveryEvent.RETRY,
+            RecoveryEvent.CONTINUATION,
+            RecoveryEvent.FALLBACK,
+            RecoveryEvent.PROVIDER_RESUME,
+        )
 
     @property
     def is_warning(self) -> bool:
@@ -83,6 +121,17 @@ class NotExecutedCall(TypedDict):
     model itself wrote arguments that are not a JSON object."""
 
 
+class WrittenBy(TypedDict):
+    """The part of a turn's text one model wrote."""
+
+    model: str
+    """The model's identifier (``"<llm type>:<model name>"``)."""
+    start: int
+    """Offset of the model's first character in the message's text."""
+    end: int
+    """Offset just past its last character (``start`` when it wrote no text)."""
+
+
 class AwakenMetadata(TypedDict):
     """``response_metadata["awaken"]`` of a turn: what recovery happened."""
 
@@ -96,6 +145,11 @@ class AwakenMetadata(TypedDict):
     """Continuation requests after output."""
     resumed: bool
     """Whether the turn started from a checkpoint."""
+    replayed: bool
+    """Whether chunks of the turn were replayed from a checkpoint. Each replayed
+    chunk carries ``response_metadata["awaken"] == {"replayed": True}`` (new text
+    carries no ``"awaken"`` key until the closing chunk), so merged chunks keep
+    this value."""
     interruptions: list[dict[str, Any]]
     """One entry per failure: its kind and the plan chosen."""
     seconds_waited: float
@@ -119,6 +173,9 @@ class AwakenMetadata(TypedDict):
     went on from the last event received; none of them regenerated a token."""
     provider_response_id: str | None
     """The provider's id of the turn's background response (``provider_resume=True``)."""
+    models: list[WrittenBy]
+    """The models that were in effect, in order, with the text each wrote: one entry
+    unless the turn moved to a fallback model."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +186,8 @@ class Report:
     data: dict[str, Any]
     message: str = ""
     """A human sentence for the log (and the warning); the payload is logged when empty."""
+    failure: BaseException | None = field(default=None, compare=False, repr=False)
+    """The failure that caused the event (for a retry callback and a span event)."""
 
     def log(self, run_id: uuid.UUID | None = None) -> None:
         """Write the log record (and, for a warning, the Python warning).
@@ -164,8 +223,111 @@ def store_failure(key: str | None, what: str, exc: BaseException) -> Report:
     return warning(RecoveryEvent.CHECKPOINT_WARNING, key, f"{what}; carrying on without it: {exc}")
 
 
+RECOVERED_TAG = "awaken:recovered"
+"""The tag a recovered turn adds to its model run in a tracer's run tree."""
+
+
+class TurnState(Protocol):
+    """What the reporter reads from a turn when it ends (the turn engine)."""
+
+    acc: Any
+    """The turn's accumulator: ``response_metadata``, ``usage``, ``message_id``."""
+
+    def metadata(self) -> AwakenMetadata:
+        """What recovery happened."""
+        ...
+
+
+def _graph_writer() -> Callable[[Any], None] | None:
+    """The running LangGraph graph's custom stream writer, or ``None`` outside a graph."""
+    if "langgraph.pregel" not in sys.modules:  # no graph has run in this process
+        return None
+    try:
+        from langgraph.config import get_stream_writer
+
+        return get_stream_writer()
+    except Exception:  # outside a graph task (no runnable context, no graph runtime)
+        return None
+
+
+def _retry_state(report: Report, waited: float) -> RetryCallState:
+    """Tenacity's description of a retry, as LangChain's ``on_retry`` takes it."""
+    state = RetryCallState(Retrying(), None, (), {})
+    state.attempt_number = int(report.data.get("attempt") or 1)
+    state.idle_for = waited  # as tenacity counts it: waits so far, this one included
+    state.upcoming_sleep = float(report.data.get("delay") or 0.0)
+    failure = report.failure
+    if failure is not None:
+        state.set_exception((type(failure), failure, failure.__traceback__))
+    return state
+
+
+def _traced_run(handler: Any, run_id: uuid.UUID) -> Run | None:
+    """The run a LangChain tracer holds for ``run_id``, if it is one that does."""
+    if not isinstance(handler, BaseTracer | AsyncBaseTracer):
+        return None
+    run = handler.run_map.get(str(run_id))
+    return run if isinstance(run, Run) else None
+
+
+def _knows_run(handler: Any, run_id: uuid.UUID) -> bool:
+    """False for a tracer that never saw the run start (its ``on_retry`` would fail)."""
+    return not isinstance(handler, BaseTracer | AsyncBaseTracer) or (
+        _traced_run(handler, run_id) is not None
+    )
+
+
+def _has_langsmith_tracer(callbacks: Any) -> bool:
+    handlers = callbacks.handlers if isinstance(callbacks, BaseCallbackManager) else callbacks
+    return any(isinstance(h, LangChainTracer) for h in handlers or [])
+
+
+def share_tracer(config: RunnableConfig, model_callbacks: Any = None) -> None:
+    """Give a call traced by LangSmith one tracer for its run and its recovery events.
+
+    With tracing turned on by the environment (``LANGSMITH_TRACING``), LangChain
+    makes a new ``LangChainTracer`` each time it sets up the callbacks of a call
+    that brings none; the model's run would start in one tracer while its
+    retries went to another that never saw it. Adding the tracer LangChain would
+    make to the call's callbacks makes every set-up of the call use it, as a
+    parent chain's tracer is used by its children.
+
+    Args:
+        config: The call's config, changed in place.
+        model_callbacks: The model's own ``callbacks``.
+    """
+    if tracing_v2_callback_var.get() is not None or not _tracing_v2_is_enabled():
+        return  # not traced, or every set-up already takes the context's tracer
+    callbacks = config.get("callbacks")
+    if _has_langsmith_tracer(callbacks) or _has_langsmith_tracer(model_callbacks):
+        return
+    try:
+        tracer = LangChainTracer(**_get_tracer_kwargs())
+    except Exception:  # LangChain would warn and go on untraced; so does this call
+        return
+    if isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(tracer, inherit=True)
+        config["callbacks"] = manager
+    else:
+        config["callbacks"] = [*(callbacks or []), tracer]
+
+
+def _manager_fields(manager: BaseCallbackManager | BaseRunManager) -> dict[str, Any]:
+    """The handlers, parent, tags and metadata a callback manager is built from."""
+    return {
+        "handlers": manager.handlers,
+        "inheritable_handlers": manager.inheritable_handlers,
+        "parent_run_id": manager.parent_run_id,
+        "tags": manager.tags,
+        "inheritable_tags": manager.inheritable_tags,
+        "metadata": manager.metadata,
+        "inheritable_metadata": manager.inheritable_metadata,
+    }
+
+
 class Reporter:
-    """Reports a call's recovery events: log, callbacks, warnings.
+    """Reports a call's recovery events: log, callbacks, warnings, graph stream, span.
 
     Built from what LangChain gave the call: the run manager when LangChain
     passes one (``invoke``, ``generate``), else the call's config.
@@ -175,6 +337,8 @@ class Reporter:
         settings: Arguments of ``CallbackManager.configure`` (callbacks, tags,
             metadata of the call and of the model), or ``None``.
         run_manager: LangChain's run manager for the call, when it passed one.
+        model: The requested model's name (for the turn's span).
+        provider: The provider's name, as LangChain's ``ls_provider`` gives it.
     """
 
     def __init__(
@@ -182,28 +346,49 @@ class Reporter:
         run_id: uuid.UUID,
         settings: tuple[Any, ...] | None = None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None = None,
+        *,
+        model: str | None = None,
+        provider: str | None = None,
     ) -> None:
         self.run_id = run_manager.run_id if run_manager is not None else run_id
         self._settings = settings
         self._run_manager = run_manager
+        self._model = model
+        self._provider = provider
+        self._writer = _graph_writer()
+        self._span: _telemetry.TurnSpan | None = None
+        self._waited = 0.0
 
     def _manager_args(self) -> dict[str, Any] | None:
         manager = self._run_manager
-        if manager is None:
-            return None
+        return None if manager is None else _manager_fields(manager)
+
+    def _run_args(self, manager: BaseCallbackManager) -> dict[str, Any]:
+        """A run manager's arguments for the model run, without tracers that miss it."""
         return {
-            "handlers": manager.handlers,
-            "inheritable_handlers": manager.inheritable_handlers,
-            "parent_run_id": manager.parent_run_id,
-            "tags": manager.tags,
-            "inheritable_tags": manager.inheritable_tags,
-            "metadata": manager.metadata,
-            "inheritable_metadata": manager.inheritable_metadata,
+            **_manager_fields(manager),
+            "run_id": self.run_id,
+            "handlers": [h for h in manager.handlers if _knows_run(h, self.run_id)],
         }
 
+    def _publish(self, report: Report) -> None:
+        """The parts of reporting that need no callback manager: span, graph stream."""
+        if self._span is not None:
+            self._span.event(report)
+        if report.event.is_retry:
+            self._waited += float(report.data.get("delay") or 0.0)
+        if self._writer is not None:
+            try:
+                self._writer(
+                    {"event": report.event.value, "run_id": str(self.run_id), "data": report.data}
+                )
+            except Exception:  # a broken stream consumer must not break the turn
+                logger.exception("graph stream writer failed while reporting %s", report.event)
+
     def report(self, report: Report) -> None:
-        """Log ``report`` and send it to the call's callback handlers (sync)."""
+        """Report ``report`` everywhere it is seen (sync callbacks)."""
         report.log(self.run_id)
+        self._publish(report)
         try:
             args = self._manager_args()
             if args is not None:
@@ -213,12 +398,16 @@ class Reporter:
             else:
                 return
             manager.on_custom_event(report.event.value, report.data, run_id=self.run_id)
+            if report.event.is_retry:
+                run = CallbackManagerForLLMRun(**self._run_args(manager))
+                run.on_retry(_retry_state(report, self._waited))
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", report.event.value)
 
     async def areport(self, report: Report) -> None:
-        """Log ``report`` and send it to the call's callback handlers (async)."""
+        """Report ``report`` everywhere it is seen (async callbacks)."""
         report.log(self.run_id)
+        self._publish(report)
         try:
             args = self._manager_args()
             if args is not None:
@@ -228,5 +417,57 @@ class Reporter:
             else:
                 return
             await manager.on_custom_event(report.event.value, report.data, run_id=self.run_id)
+            if report.event.is_retry:
+                run = AsyncCallbackManagerForLLMRun(**self._run_args(manager))
+                await run.on_retry(_retry_state(report, self._waited))
         except Exception:  # a broken handler must not break the turn
             logger.exception("callback failed while reporting %s", report.event.value)
+
+    @contextlib.contextmanager
+    def turn(self, state: TurnState) -> Iterator[None]:
+        """Cover one turn, all its attempts: its span, and the run's recovery marks.
+
+        On the way out (before LangChain ends the model's run), a turn that
+        needed recovery adds ``awaken_*`` metadata to the run that LangChain
+        tracers hold for it, and, when it ended with an answer, `RECOVERED_TAG`.
+        """
+        self._span = _telemetry.start_turn(self._model, self._provider)
+        failure: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            metadata = state.metadata()
+            if self._span is not None:
+                self._span.end(state.acc, metadata, failure)
+                self._span = None
+            if metadata["plans"] or metadata["resumed"]:
+                self._mark_runs(metadata, recovered=failure is None)
+
+    def _mark_runs(self, metadata: AwakenMetadata, *, recovered: bool) -> None:
+        try:
+            if self._run_manager is not None:
+                handlers = self._run_manager.handlers
+            elif self._settings is not None:
+                handlers = CallbackManager.configure(*self._settings).handlers
+            else:
+                return
+            for handler in handlers:
+                run = _traced_run(handler, self.run_id)
+                if run is None:
+                    continue
+                if recovered and RECOVERED_TAG not in (run.tags or []):
+                    run.tags = [*(run.tags or []), RECOVERED_TAG]
+                run.extra.setdefault("metadata", {}).update(
+                    {
+                        "awaken_recovered": recovered,
+                        "awaken_plans": list(metadata["plans"]),
+                        "awaken_retries": metadata["retries"],
+                        "awaken_continuations": metadata["continuations"],
+                        "awaken_resumed": metadata["resumed"],
+                    }
+                )
+        except Exception:  # a tracer's run is best effort; the turn goes on
+            logger.exception("could not mark the traced run as recovered")

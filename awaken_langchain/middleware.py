@@ -19,6 +19,19 @@ Where it goes in the list (the first middleware is the outermost layer):
 - **instead of** ``ModelRetryMiddleware``: stacking both multiplies the budgets
   (each of its attempts would be a whole recovered turn).
 
+Fallback models: ``StreamRecoveryMiddleware(fallbacks=[...])`` moves a model
+call whose model has spent its budget on to the next model *within the same
+turn*. Before any output that is a fresh request; after output the fallback
+continues from the text already streamed, so the caller's stream goes on, the
+thread gets one AI message for the turn, and ``response_metadata["awaken"]
+["models"]`` says which model wrote which part. ``ModelFallbackMiddleware``
+instead restarts the whole model call from nothing on the next model: text
+already streamed to the caller is produced again (``stream_mode="messages"``
+shows it twice) and paid for twice. Use ``fallbacks`` here for outages that
+strike mid-stream (a 529 storm, dropped connections); ``ModelFallbackMiddleware``
+placed before this middleware still catches what recovery raises (a permanent
+error, every model spent).
+
 Example:
     ```python
     from langchain.agents import create_agent
@@ -34,6 +47,13 @@ Example:
             StreamRecoveryMiddleware(retry_policy=RetryPolicy(max_attempts=4)),
         ],
     )
+
+    # or: continue a half-streamed answer on Claude when OpenAI is spent
+    agent = create_agent(
+        "openai:gpt-4o-mini",
+        tools=[...],
+        middleware=[StreamRecoveryMiddleware(fallbacks=["anthropic:claude-sonnet-4-5"])],
+    )
     ```
 """
 
@@ -43,7 +63,7 @@ import collections
 import logging
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from langchain.agents.middleware.types import (
@@ -57,6 +77,7 @@ from langchain.agents.structured_output import AutoStrategy, ProviderStrategy, T
 from langchain_core.language_models import BaseChatModel
 
 from awaken_langchain.checkpoint import StreamCheckpointStore
+from awaken_langchain.fallback import resolve_fallbacks
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 
@@ -83,6 +104,12 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             backoff, deadlines (`RetryPolicy`).
         store: Where in-flight turns are checkpointed; ``None`` recovers
             in-process only.
+        fallbacks: Models a call moves to, in order, when the request's model
+            has spent its budget: chat models or ``"provider:model"`` strings
+            (resolved once, here). After output the fallback continues the
+            turn from what was streamed (see the module docstring for how this
+            differs from ``ModelFallbackMiddleware``); each model gets
+            ``retry_policy``'s budget afresh.
         **settings: Other `RecoveringChatModel` settings
             (``stream_idle_timeout``, ``checkpoint_every_chunks``,
             ``continuation_prompt``, ``provider_resume``, ...), given to every
@@ -91,7 +118,8 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
 
     Raises:
         ValueError: If a setting is not a `RecoveringChatModel` setting (inner
-            model settings belong on the model given to the agent).
+            model settings belong on the model given to the agent), or a
+            fallback is not a chat model.
     """
 
     def __init__(
@@ -99,19 +127,26 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         *,
         retry_policy: RetryPolicy | None = None,
         store: StreamCheckpointStore | None = None,
+        fallbacks: Sequence[BaseChatModel | str] | None = None,
         **settings: Any,
     ) -> None:
         super().__init__()
-        own = set(RecoveringChatModel.model_fields) - {"model", "retry_policy", "store"}
+        own = set(RecoveringChatModel.model_fields) - {
+            "model",
+            "retry_policy",
+            "store",
+            "fallbacks",
+        }
         unknown = sorted(set(settings) - own)
         if unknown:
             raise ValueError(
                 f"StreamRecoveryMiddleware does not know the setting(s) {unknown}; it takes "
-                f"retry_policy, store and {sorted(own)}. Model settings (temperature, "
+                f"retry_policy, store, fallbacks and {sorted(own)}. Model settings (temperature, "
                 "max_retries, ...) belong on the model given to create_agent"
             )
         self.retry_policy = retry_policy if retry_policy is not None else RetryPolicy()
         self.store = store
+        self.fallbacks = resolve_fallbacks(fallbacks)
         self.settings = settings
         self.tools = []
         self._wrappers: collections.OrderedDict[
@@ -129,7 +164,11 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
                 self._wrappers.move_to_end(id(model))
                 return entry[1]
             wrapper = RecoveringChatModel(
-                model=model, retry_policy=self.retry_policy, store=self.store, **self.settings
+                model=model,
+                retry_policy=self.retry_policy,
+                store=self.store,
+                fallbacks=[f for f in self.fallbacks if f is not model],
+                **self.settings,
             )
             logger.debug("protecting %s with RecoveringChatModel", type(model).__name__)
             self._wrappers[id(model)] = (weakref.ref(model), wrapper)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
 import inspect
 import uuid
@@ -25,17 +26,19 @@ from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, ensure_config
 from langchain_core.tools import BaseTool
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from typing_extensions import override
 
 from awaken_langchain._idle import Pump, with_idle_timeout
+from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._rebind import replace_model, with_settings
 from awaken_langchain.accumulator import dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
-from awaken_langchain.events import Report, Reporter
+from awaken_langchain.events import Report, Reporter, share_tracer
+from awaken_langchain.fallback import FallbackModel, call_kwargs_for, resolve_fallbacks
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -214,6 +217,22 @@ class RecoveringChatModel(BaseChatModel):
     call's config."""
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     """Attempts before output, continuations after output, backoff and deadline."""
+    fallbacks: tuple[BaseChatModel, ...] = ()
+    """Models the turn moves to, in order, when the model in effect has spent its
+    retry budget on retryable failures: chat models, or ``"provider:model"``
+    strings (resolved once, here, with ``init_chat_model``).
+
+    Before any output the next model gets the request afresh; after output it
+    continues the turn from the text so far (the same continuation request as
+    for one model, with the prefix as text only: thinking blocks, reasoning items
+    and other blocks stay in the answer but are not sent to another model). Each
+    model gets ``retry_policy``'s budget afresh (attempts, continuations,
+    ``overload_deadline`` counted from when it takes over); ``deadline`` bounds
+    the whole turn. Permanent errors are raised without trying a fallback. A
+    fallback of another chat model class gets the call's tools bound with its own
+    ``bind_tools``; a request whose answer must be one JSON document (structured
+    output, JSON mode, forced tool choice) moves only to fallbacks of the
+    primary's class, which take its arguments as they are."""
     store: StreamCheckpointStore | None = Field(default=None, exclude=True)
     """Where the in-flight turn is checkpointed; ``None`` recovers in-process only."""
     checkpoint_every_chunks: int = Field(default=8, ge=1)
@@ -266,6 +285,11 @@ class RecoveringChatModel(BaseChatModel):
     (abandoned, out of budget) cancels its response. Background responses are
     stored by the provider (data retention): leave this off when that is not
     allowed."""
+
+    @field_validator("fallbacks", mode="before")
+    @classmethod
+    def _resolve_fallbacks(cls, value: Any) -> tuple[BaseChatModel, ...]:
+        return resolve_fallbacks(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -344,11 +368,14 @@ class RecoveringChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {
+        params = {
             "inner": {"llm_type": self._inner()._llm_type, **self._inner()._identifying_params},
             "max_attempts": self.retry_policy.max_attempts,
             "max_continuations": self.retry_policy.max_continuations,
         }
+        if self.fallbacks:
+            params["fallbacks"] = [self._model_id(m) for m in self.fallbacks]
+        return params
 
     @override
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
@@ -363,6 +390,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _context(self, config: RunnableConfig | None) -> tuple[RunnableConfig, _CallContext]:
         config = ensure_config(config)
+        share_tracer(config, self.callbacks)
         explicit = config.get("run_id")
         run_id = explicit if isinstance(explicit, uuid.UUID) else uuid.uuid4()
         config["run_id"] = run_id
@@ -487,6 +515,8 @@ class RecoveringChatModel(BaseChatModel):
         """Bind tools the way the inner model does, keeping this wrapper in the chain."""
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
+        if not isinstance(self.model, BaseChatModel):  # configurable: bound at each call
+            return BoundPerCall(self, "bind_tools", (tools,), kwargs)
         bound = self._bindable().bind_tools(tools, **kwargs)
         return cast(Runnable[LanguageModelInput, AIMessage], self._rebind(bound))
 
@@ -495,18 +525,16 @@ class RecoveringChatModel(BaseChatModel):
         self, schema: Any, *, include_raw: bool = False, **kwargs: Any
     ) -> Runnable[LanguageModelInput, Any]:
         """Structured output as the inner model builds it, with this wrapper in the chain."""
+        if not isinstance(self.model, BaseChatModel):  # configurable: built at each call
+            kwargs["include_raw"] = include_raw
+            return BoundPerCall(self, "with_structured_output", (schema,), kwargs)
         runnable = self._bindable().with_structured_output(
             schema, include_raw=include_raw, **kwargs
         )
         return cast(Runnable[LanguageModelInput, Any], self._rebind(runnable))
 
     def _bindable(self) -> BaseChatModel:
-        if not isinstance(self.model, BaseChatModel):
-            raise NotImplementedError(
-                "tools and structured output need a concrete inner model: bind them on "
-                "init_chat_model(...) without configurable_fields, or on each configured model"
-            )
-        return self.model
+        return self._inner()
 
     def _rebind(self, runnable: Any) -> Any:
         replaced = replace_model(runnable, self._bindable(), self)
@@ -569,6 +597,10 @@ class RecoveringChatModel(BaseChatModel):
             release_key=release,
             model=inner,
         )
+        if self.fallbacks:
+            request = dataclasses.replace(
+                request, fallbacks=self._fallback_chain(inner, request, kwargs, whole=whole)
+            )
         turn = TurnSettings(
             policy=self.retry_policy,
             model_id=model_id,
@@ -582,10 +614,40 @@ class RecoveringChatModel(BaseChatModel):
             standard_blocks=not whole and getattr(inner, "output_version", None) == "v1",
             provider_resume=self.provider_resume,
         )
-        reporter = Reporter(ctx.run_id, self._callback_settings(ctx), run_manager)
+        params = inner._get_ls_params()
+        reporter = Reporter(
+            ctx.run_id,
+            self._callback_settings(ctx),
+            run_manager,
+            model=params.get("ls_model_name"),
+            provider=params.get("ls_provider"),
+        )
         engine = TurnEngine(turn, request)
         ctx.turns.append((engine, reporter))
         return engine, reporter
+
+    def _fallback_chain(
+        self,
+        inner: BaseChatModel,
+        request: TurnRequest,
+        kwargs: dict[str, Any],
+        *,
+        whole: bool,
+    ) -> tuple[FallbackModel, ...]:
+        """The fallbacks a turn can move to, each with the call's arguments as it takes them."""
+        chain: list[FallbackModel] = []
+        for model in self.fallbacks:
+            if request.one_document and type(model) is not type(inner):
+                continue  # the arguments that ask for one document are the primary's own
+            own = call_kwargs_for(inner, model, kwargs)
+            chain.append(
+                FallbackModel(
+                    model=model,
+                    model_id=self._model_id(model),
+                    kwargs=self._usage_kwargs(model, own) if whole else own,
+                )
+            )
+        return tuple(chain)
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
@@ -638,7 +700,8 @@ class RecoveringChatModel(BaseChatModel):
 
     def _run(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         try:
-            yield from self._turn(engine, reporter)
+            with reporter.turn(engine):
+                yield from self._turn(engine, reporter)
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
@@ -725,12 +788,12 @@ class RecoveringChatModel(BaseChatModel):
         writer.forget(engine.key)
 
     def _cancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:
-        provider = engine.provider
-        if provider is None or not provider.resumable:
-            return
-        response_id = provider.cancel(cast(BaseChatModel, engine.request.model))
-        for report in engine.cancelled(str(response_id)):
-            reporter.report(report)
+        for provider, model in engine.running_responses():
+            response_id = provider.cancel(cast(BaseChatModel, model))
+            if response_id is None:
+                continue
+            for report in engine.cancelled(response_id):
+                reporter.report(report)
 
     def _inner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
@@ -778,8 +841,9 @@ class RecoveringChatModel(BaseChatModel):
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
         try:
-            async for chunk in self._aturn(engine, reporter):
-                yield chunk
+            with reporter.turn(engine):
+                async for chunk in self._aturn(engine, reporter):
+                    yield chunk
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
@@ -885,12 +949,12 @@ class RecoveringChatModel(BaseChatModel):
         writer.forget(engine.key)
 
     async def _acancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:
-        provider = engine.provider
-        if provider is None or not provider.resumable:
-            return
-        response_id = await provider.acancel(cast(BaseChatModel, engine.request.model))
-        for report in engine.cancelled(str(response_id)):
-            await reporter.areport(report)
+        for provider, model in engine.running_responses():
+            response_id = await provider.acancel(cast(BaseChatModel, model))
+            if response_id is None:
+                continue
+            for report in engine.cancelled(response_id):
+                await reporter.areport(report)
 
     async def _ainner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]

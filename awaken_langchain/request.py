@@ -161,11 +161,17 @@ def _asks_json(value: Any) -> bool:
     return True  # a schema class given as response_format
 
 
+_FORMAT_KEYS = ("response_format", "text", "output_config", "output_format")
+"""Where a request asks for a JSON answer: Chat Completions ``response_format``, Responses
+``text.format``, Anthropic ``output_config.format`` (and the older ``output_format``)."""
+
+
 def one_document_request(kwargs: Mapping[str, Any], settings: Mapping[str, Any]) -> bool:
     """Whether the answer to a request must be one JSON document.
 
     True for structured output and JSON mode (``response_format``, a Responses
-    ``text.format``, ``ls_structured_output_format``), a forced tool choice and
+    ``text.format``, an Anthropic ``output_config.format``,
+    ``ls_structured_output_format``), a forced tool choice and
     strict tools. Such an answer is never continued as text: two documents
     glued together are not one valid document.
     """
@@ -174,7 +180,7 @@ def one_document_request(kwargs: Mapping[str, Any], settings: Mapping[str, Any])
     if kwargs.get("ls_structured_output_format") is not None:
         return True
     for source in (kwargs, extra, settings):
-        if _asks_json(source.get("response_format")) or _asks_json(source.get("text")):
+        if any(_asks_json(source.get(key)) for key in _FORMAT_KEYS):
             return True
     if _forces_tool(kwargs.get("tool_choice")) or _forces_tool(extra.get("tool_choice")):
         return True

@@ -4,7 +4,8 @@ A stream never waits for its store. It hands the latest state of its turn to
 the store's writer and goes on; the writer, a background thread, keeps only the
 newest checkpoint of each run (a checkpoint holds the whole turn so far, so an
 older one adds nothing) and commits every pending run in one batch
-(`StreamCheckpointStore.put_many`: one transaction, one pipeline). Operations a
+(`StreamCheckpointStore.put_many`: one transaction, one pipeline), after
+letting a batch gather for a few milliseconds. Operations a
 turn must see the end of (opening a run, the closing write, a delete before a
 memory commit) go through the same thread, after the run's pending writes, and
 are waited for at most ``deadline`` seconds.
@@ -16,7 +17,8 @@ on; when the store answers again, pending writes go through and the turn
 reports the recovery.
 
 Durability: after a crash, the store holds a turn up to its last committed
-batch, at most one cadence window plus one batch behind the stream; a record
+batch, at most one cadence window, the gathering time (`GATHER`) and one batch
+behind the stream; a record
 is never torn or mixed (each store write is atomic), and a run's closing write
 or delete is never reordered with its earlier writes.
 """
@@ -24,9 +26,11 @@ or delete is never reordered with its earlier writes.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -42,8 +46,32 @@ T = TypeVar("T")
 
 _IDLE_EXIT = 5.0
 """Seconds the writer thread waits for work before it exits (it restarts on demand)."""
+GATHER = 0.01
+"""Seconds the writer lets checkpoints gather after the first of a batch arrives.
+
+Many streams checkpoint at different moments; committing each as it arrives
+makes batches of one or two, each costing a thread wake-up and a transaction.
+Waiting this long (an operation a turn waits for is never delayed) lets one
+commit carry every run that checkpointed meanwhile, and lets a fast stream's
+successive checkpoints coalesce; it adds at most this much to the time a
+checkpoint takes to become durable."""
 _ATTRIBUTE = "_awaken_writer"
 _REGISTRY_LOCK = threading.Lock()
+EXIT_DRAIN = 5.0
+"""Seconds the interpreter's exit waits, at most, for writes still queued in writers.
+
+The writer thread is a daemon: without this wait, a process that ends right
+after its turns would drop the closing writes and deletes those turns stopped
+waiting for (after ``checkpoint_deadline``), and leave their checkpoints behind."""
+_LIVE: weakref.WeakSet[CheckpointWriter] = weakref.WeakSet()
+
+
+@atexit.register
+def _drain_at_exit() -> None:
+    until = time.monotonic() + EXIT_DRAIN
+    for writer in list(_LIVE):
+        if writer._pid == os.getpid():
+            writer.flush(max(0.0, until - time.monotonic()))
 
 
 class StoreStalledError(StreamCheckpointError):
@@ -59,10 +87,15 @@ class CheckpointWriter:
     """
 
     def __init__(
-        self, store: StreamCheckpointStore, *, clock: Callable[[], float] = time.monotonic
+        self,
+        store: StreamCheckpointStore,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        gather: float = GATHER,
     ) -> None:
         self.store = store
         self._clock = clock
+        self._gather = gather
         self._cond = threading.Condition()
         self._puts: dict[str, StreamCheckpoint] = {}
         self._ops: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
@@ -76,8 +109,11 @@ class CheckpointWriter:
     def submit(self, checkpoint: StreamCheckpoint) -> None:
         """Hand over the newest state of a run; returns at once."""
         with self._cond:
-            self._puts[checkpoint.run_id] = checkpoint
-            self._wake()
+            puts = self._puts
+            first = not puts
+            puts[checkpoint.run_id] = checkpoint
+            if first or self._thread is None:  # a batch already pending has woken the writer
+                self._wake()
 
     def call(self, action: Callable[[], T]) -> Future[T]:
         """Run ``action`` on the writer thread after the writes pending now."""
@@ -119,6 +155,17 @@ class CheckpointWriter:
         with self._cond:
             self._failed.pop(run_id, None)
 
+    def flush(self, timeout: float) -> bool:
+        """Wait until every write handed over so far has been attempted; ``False`` on timeout."""
+        until = time.monotonic() + timeout
+        with self._cond:
+            while self._puts or self._ops or self._busy_since is not None:
+                remaining = until - time.monotonic()
+                if remaining <= 0 or self._thread is None or not self._thread.is_alive():
+                    return not (self._puts or self._ops or self._busy_since is not None)
+                self._cond.wait(min(remaining, 0.05))
+        return True
+
     @property
     def pending(self) -> int:
         """Runs and operations not yet handed to the store."""
@@ -140,7 +187,8 @@ class CheckpointWriter:
                 target=self._loop, name="awaken-checkpoint-writer", daemon=True
             )
             self._thread.start()
-        self._cond.notify()
+            _LIVE.add(self)
+        self._cond.notify_all()  # the writer, and any flush waiting for it
 
     def _loop(self) -> None:
         while True:
@@ -152,6 +200,14 @@ class CheckpointWriter:
                         self._thread = None
                         return
                     self._cond.wait(remaining)
+                if not self._ops and self._gather > 0:
+                    # let the batch gather; an operation a turn waits for ends the wait
+                    until = time.monotonic() + self._gather
+                    while not self._ops:
+                        remaining = until - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        self._cond.wait(remaining)
                 puts = list(self._puts.values())
                 self._puts.clear()
                 ops = list(self._ops)

@@ -563,3 +563,21 @@ class PacedModel(BaseChatModel):
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
         )
+
+
+async def paced_turn(
+    model: Any, inner: PacedModel, question: str, late: list[float], **config: Any
+) -> bool:
+    """Stream one paced turn through ``model``; return whether it delivered its own text.
+
+    Appends to ``late`` how long after its due time the caller received each
+    chunk of text. ``config`` is the call's config (``run_id=...``).
+    """
+    parts = []
+    n = 0
+    async for chunk in model.astream(question, config=config):
+        if chunk.content:
+            late.append(time.perf_counter() - inner.due[question][n])
+            n += 1
+            parts.append(str(chunk.content))
+    return "".join(parts) == answer_for(question, inner.chars)

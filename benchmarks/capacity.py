@@ -38,10 +38,10 @@ if __package__ in (None, ""):  # run as a script from a clone
 from benchmarks._common import (
     REPO_ROOT,
     PacedModel,
-    answer_for,
     child_env,
     machine_line,
     make_store,
+    paced_turn,
     percentile,
     table,
 )
@@ -61,15 +61,7 @@ async def _trial(
 
     async def turn(i: int) -> bool:
         await asyncio.sleep(i / streams)
-        question = f"c{i}"
-        n = 0
-        parts = []
-        async for chunk in model.astream(question, config={"run_id": uuid.uuid4()}):
-            if chunk.content:
-                late.append(time.perf_counter() - inner.due[question][n])
-                n += 1
-                parts.append(str(chunk.content))
-        return "".join(parts) == answer_for(question, chars)
+        return await paced_turn(model, inner, f"c{i}", late, run_id=uuid.uuid4())
 
     cpu = time.process_time()
     try:

@@ -53,7 +53,7 @@ if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamCheckpoint
-from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter
+from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter, writer_for
 from benchmarks._common import (
     REPO_ROOT,
     ContinuingModel,
@@ -65,6 +65,7 @@ from benchmarks._common import (
     machine_line,
     make_store,
     median,
+    paced_turn,
     percentile,
     redis_server,
     table,
@@ -102,6 +103,9 @@ async def _turns(
     try:
         results = await asyncio.gather(*(turn(i) for i in range(streams)))
         finished = time.time()
+        # a closing delete the turn stopped waiting for is still queued: let it land
+        writer = writer_for(store)
+        await writer.await_(writer.call(_landed), 60.0)
         left = len(store.list_run_ids())
     finally:
         store.close()
@@ -212,14 +216,7 @@ async def _paced_turns(
         question = f"{tag}{i}"
         run_id = uuid.uuid4()
         questions[str(run_id)] = question
-        parts = []
-        n = 0
-        async for chunk in model.astream(question, config={"run_id": run_id}):
-            if chunk.content:
-                late.append(time.perf_counter() - inner.due[question][n])
-                n += 1
-                parts.append(str(chunk.content))
-        return "".join(parts) == answer_for(question, chars)
+        return await paced_turn(model, inner, question, late, run_id=run_id)
 
     cpu = time.process_time()
     try:

@@ -17,6 +17,8 @@ from typing import Any
 
 import diskcache
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import BaseChatModel
 
 from awaken_langchain import (
     DiskCacheStreamCheckpointStore,
@@ -25,6 +27,7 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import run_id_bytes
+from awaken_langchain.testing import LoopbackProvider, RecordedRequest
 from tests.redis_server import (
     corrupt_redis,
     redis_let_time_pass,
@@ -246,6 +249,90 @@ def store(store_factory: StoreFactory) -> StreamCheckpointStore:
 def clock() -> FakeClock:
     """A settable clock starting at a fixed time."""
     return FakeClock()
+
+
+# -- real clients on the loopback provider ---------------------------------------------
+
+LOOPBACK_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-loopback"}
+"""The model each real client asks the loopback provider for, unless a test names another."""
+
+_LOOPBACK_CLIENTS: dict[tuple[str, int, str], BaseChatModel] = {}
+
+
+def loopback_client(provider: str, server: LoopbackProvider, **settings: Any) -> BaseChatModel:
+    """The real ``ChatOpenAI`` or ``ChatAnthropic`` talking to ``server``, built once.
+
+    The SDK does not retry (``max_retries=0``): only the wrapper under test does.
+    Clients are costly to build, so one is kept per provider, server and settings.
+
+    Args:
+        provider: ``"openai"`` (Chat Completions) or ``"anthropic"``.
+        server: The loopback provider.
+        settings: More constructor settings (``model`` replaces the default one).
+    """
+    key = (provider, server.port, repr(sorted(settings.items())))
+    if key not in _LOOPBACK_CLIENTS:
+        values = {"model": LOOPBACK_MODELS[provider], "api_key": "x", "max_retries": 0, **settings}
+        if provider == "openai":
+            from langchain_openai import ChatOpenAI
+
+            _LOOPBACK_CLIENTS[key] = ChatOpenAI(base_url=server.base_url_openai, **values)
+        else:
+            from langchain_anthropic import ChatAnthropic
+
+            _LOOPBACK_CLIENTS[key] = ChatAnthropic(base_url=server.base_url_anthropic, **values)
+    return _LOOPBACK_CLIENTS[key]
+
+
+class Sleeps:
+    """Records the waits the policy asked for, advancing a fake clock instead of sleeping."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+        self.now = 0.0
+
+    def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        self(seconds)
+
+    def clock(self) -> float:
+        return self.now
+
+
+class Events(BaseCallbackHandler):
+    """The recovery events a call reported (custom events), in order."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.seen.append((name, data))
+
+    def named(self, name: str) -> list[Any]:
+        return [data for seen, data in self.seen if seen == name]
+
+
+def answered_a_tool(request: RecordedRequest) -> bool:
+    """Whether an OpenAI or Anthropic request carries a tool result."""
+    for message in request.messages:
+        if message.get("role") == "tool":
+            return True
+        content = message.get("content")
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def shared_server() -> Iterator[LoopbackProvider]:
+    """One loopback provider per test module (the clients built on it are kept)."""
+    with LoopbackProvider() as provider:
+        yield provider
 
 
 # -- the sync and the async driver -------------------------------------------------------

@@ -38,11 +38,12 @@ from awaken_langchain.testing import (
     ScriptedCitation,
     ScriptedThinking,
     ScriptedToolCall,
+    ScriptedWebSearch,
     schema_responder,
 )
 from awaken_langchain.testing._wire import unseal
 from awaken_langchain.testing.server import RecordedRequest
-from tests.conftest import Drive
+from tests.conftest import Drive, loopback_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -140,7 +141,7 @@ def what_invoke_returns(message: AIMessage) -> dict[str, Any]:
     return found
 
 
-_NUMBERED = re.compile(r"_loopback_\d+")
+_NUMBERED = re.compile(r"_loopback_\d+|(?<=srvtoolu)_\d+")
 
 
 def renumbered(value: Any) -> Any:
@@ -272,7 +273,8 @@ def cut_fault(surface: str, cut: str) -> Fault:
 
 
 def without_message_ids(value: Any) -> Any:
-    """A continued text's item id is the continuation's (see the README's limits)."""
+    """Without message item ids: a text item cut mid-text never showed its id (langchain-openai
+    passes it with the item's end), so the continued item carries the continuation's."""
     if isinstance(value, list):
         return [
             {k: v for k, v in b.items() if not (k == "id" and str(v).startswith("msg_"))}
@@ -399,16 +401,9 @@ class Weather(BaseModel):
 
 
 def plain(provider: str, server: LoopbackProvider) -> BaseChatModel:
-    if provider == "anthropic":
-        return ChatAnthropic(  # type: ignore[call-arg]
-            model="claude-sonnet-4-6",
-            base_url=server.base_url_anthropic,
-            api_key="x",
-            max_retries=0,
-        )
-    return ChatOpenAI(
-        model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
-    )
+    if provider == "anthropic":  # a model with a profile
+        return loopback_client(provider, server, model="claude-sonnet-4-6")
+    return loopback_client("openai", server)
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
@@ -517,3 +512,204 @@ async def test_a_configurable_inner_model_is_resolved_from_each_calls_config(
     assert message.content == TEXT
     assert message.response_metadata["awaken"]["plans"] == ["R1"]
     assert [r.body["model"] for r in server.requests] == ["gpt-4o", "gpt-4o"]
+
+
+# -- a resumed turn keeps its citations and annotations -------------------------------------
+
+SEARCHED = Scenario(
+    text="Foxes are small omnivores. They cache food and live in dens.",
+    web_searches=[ScriptedWebSearch("fox habits", [("https://example.com/foxes", "Foxes")])],
+    citations=[
+        ScriptedCitation(0, 26, "https://example.com/foxes", "Foxes"),
+        ScriptedCitation(45, 60, "https://example.com/dens", "Dens"),
+    ],
+    chunk_size=8,
+)
+RESUMED = {"anthropic": SEARCHED, "responses/v1": dataclasses.replace(SEARCHED, web_searches=())}
+
+
+def continuing(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """The first request breaks with ``fault``; a continuation gets exactly the rest."""
+    numbers = itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if next(numbers) == 0:
+            return dataclasses.replace(answer, fault=fault)
+        prefix = "".join(
+            str(b.get("text", ""))
+            for m in request.messages
+            if m.get("role") == "assistant"
+            for b in (m["content"] if isinstance(m.get("content"), list) else [])
+            if isinstance(b, dict) and b.get("type") in ("text", "output_text")
+        )
+        if prefix and answer.full_text.startswith(prefix):
+            return answer.continued_after(len(prefix))
+        return answer
+
+    return respond
+
+
+@pytest.mark.parametrize("surface", list(RESUMED))
+async def test_a_turn_resumed_by_another_process_keeps_its_citations_at_every_cut(
+    servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
+) -> None:
+    answer = RESUMED[surface]
+    uncut_server = servers()
+    uncut_server.default = answer
+    expected = what_a_user_reads(
+        await drive.invoke(bare(surface, uncut_server), "q"), transport=False
+    )
+    server = servers()
+    for events in itertools.count(1):  # every event boundary, until the cut is past the end
+        store = InMemoryStreamCheckpointStore()
+        first = RecoveringChatModel(
+            model=bare(surface, server),
+            retry_policy=RetryPolicy(max_continuations=0, max_attempts=1),
+            store=store,
+            checkpoint_key=lambda _config: "turn",
+            checkpoint_every_chunks=1,
+        )
+        server.reset()
+        server.default = continuing(answer, Fault.drop_after_events(events))
+        try:
+            await drive.invoke(first, "q")
+        except StreamInterruptedError:  # this process gives up on the turn
+            pass
+        else:
+            break
+        saved = store.get("turn")
+        assert saved is not None
+        second = RecoveringChatModel(  # a new process, the same store
+            model=bare(surface, server),
+            retry_policy=NO_WAIT,
+            store=store,
+            checkpoint_key=lambda _config: "turn",
+        )
+        found = what_a_user_reads(await drive.invoke(second, "q"), transport=False)
+        assert not rejected(server)
+        arrived = len(saved.partial_text)
+        begun = [c for c in answer.citations if c.start < arrived]
+        kept = sum(
+            len(t.fields.get("citations") or t.fields.get("annotations") or [])
+            for t in saved.text_blocks
+        )
+        if kept == len(begun) and not any(c.start < arrived <= c.end for c in begun):
+            assert renumbered(found) == renumbered(expected), f"cut after {events} events"
+            continue
+        # a cut through a cited span or at its end, or before a Responses annotation of
+        # text already sent, is recovered as in one process (see the README's limits)
+        server.reset()
+        server.default = continuing(answer, Fault.drop_after_events(events))
+        in_process = await drive.invoke(wrapped(surface, server), "q")
+        assert renumbered(found) == renumbered(what_a_user_reads(in_process, transport=False))
+    assert events > 10  # the loop went through the stream
+
+
+def test_a_record_without_text_blocks_still_loads_and_resumes_its_text() -> None:
+    from awaken_langchain.accumulator import TurnAccumulator
+
+    record = StreamCheckpoint.model_validate(
+        {"schema_version": 3, "run_id": "old", "partial_text": "Hello", "content_blocks": True}
+    )
+    assert record.text_blocks == ()
+    replayed = TurnAccumulator("m", record).replay()
+    assert [c.content for c in replayed] == [[{"type": "text", "text": "Hello", "index": 0}]]
+
+
+@pytest.mark.parametrize("surface", ["responses/v1", "v1"])
+async def test_a_continuation_that_repeats_the_end_keeps_the_original_text_items_id(
+    servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = THINK_AND_CALL
+    uncut = merged(await drive.stream(bare(surface, uncut_server), "q"))
+    # the text item is whole (its id arrived), the call is cut; the provider repeats the
+    # end of the text before calling again, and the repeat is removed at the seam
+    repeat = dataclasses.replace(THINK_AND_CALL, text=TEXT[-10:], thinking=[])
+    server.enqueue(
+        dataclasses.replace(THINK_AND_CALL, fault=RESPONSES_CUTS["mid-tool-arguments"]), repeat
+    )
+    message = merged(await drive.stream(wrapped(surface, server), "q"))
+    assert message.response_metadata["awaken"]["plans"] == ["R3"]
+
+    def text_ids(m: AIMessage) -> list[Any]:
+        return [b.get("id") for b in m.content if isinstance(b, dict) and b["type"] == "text"]
+
+    assert text_ids(message) == text_ids(uncut) == ["msg_loopback_1"]
+    assert renumbered(message.content) == renumbered(uncut.content)
+    assert not rejected(server)
+
+
+# -- a configurable inner model: tools and structured output bound per call ---------------
+
+
+def configurable_wrapper() -> RecoveringChatModel:
+    from langchain.chat_models import init_chat_model
+
+    configurable = init_chat_model(
+        "gpt-4o-mini",
+        model_provider="openai",
+        configurable_fields=("model", "model_provider", "base_url"),
+        api_key="x",
+        max_retries=0,
+    )
+    return RecoveringChatModel(model=configurable, retry_policy=NO_WAIT)
+
+
+def resolving_to(provider: str, server: LoopbackProvider) -> dict[str, Any]:
+    if provider == "anthropic":
+        settings = {"model": "claude-sonnet-4-6", "base_url": server.base_url_anthropic}
+        return {"configurable": {**settings, "model_provider": "anthropic"}}
+    settings = {"model": "gpt-4o", "base_url": server.base_url_openai}
+    return {"configurable": {**settings, "model_provider": "openai"}}
+
+
+def cut_first(fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """Answers like ``schema_responder``; the first answer breaks with ``fault``."""
+    answer, numbers = schema_responder(), itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        scenario = answer(request)
+        return dataclasses.replace(scenario, fault=fault) if next(numbers) == 0 else scenario
+
+    return respond
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("cut", [None, 3, 6], ids=["uncut", "cut-3", "cut-6"])
+async def test_tools_bound_on_a_configurable_inner_model_go_to_the_model_each_call_picks(
+    servers: Callable[[], LoopbackProvider], provider: str, cut: int | None, drive: Drive
+) -> None:
+    server = servers()
+    server.default = cut_first(Fault.drop_after_events(cut)) if cut else schema_responder()
+    bound = configurable_wrapper().bind_tools([get_temperature], tool_choice="any")
+    config = resolving_to(provider, server)
+    message = await drive.invoke(bound, "Temperature in Utrecht?", config=config)
+    assert [(c["name"], c["args"]) for c in message.tool_calls] == [
+        ("get_temperature", {"city": "example city"})
+    ]
+    first = server.requests[0]
+    assert first.provider == provider
+    assert first.body["model"] == config["configurable"]["model"]
+    assert [t.get("name") or t["function"]["name"] for t in first.body["tools"]] == [
+        "get_temperature"
+    ]
+    assert len(server.requests) == (2 if cut else 1)
+    assert not rejected(server)
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+@pytest.mark.parametrize("cut", [None, 3, 6], ids=["uncut", "cut-3", "cut-6"])
+async def test_structured_output_on_a_configurable_inner_model_parses_for_the_model_each_call_picks(
+    servers: Callable[[], LoopbackProvider], provider: str, cut: int | None, drive: Drive
+) -> None:
+    server = servers()
+    server.default = cut_first(Fault.drop_after_events(cut)) if cut else schema_responder()
+    structured = configurable_wrapper().with_structured_output(Weather)
+    config = resolving_to(provider, server)
+    result = await drive.invoke(structured, "Weather in Utrecht?", config=config)
+    assert result == Weather(city="example city", degrees=3)
+    streamed = (await drive.stream(structured, "Weather in Utrecht?", config=config))[-1]
+    assert streamed == result
+    assert {r.provider for r in server.requests} == {provider}
+    assert not rejected(server)

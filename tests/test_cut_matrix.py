@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.runnables import Runnable
+from pydantic import BaseModel
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
@@ -42,9 +45,12 @@ from awaken_langchain.testing import (
     LoopbackProvider,
     RecordedRequest,
     Scenario,
+    ScriptedCitation,
     ScriptedToolCall,
+    ScriptedWebSearch,
     TokenUsage,
     continuation_responder,
+    schema_responder,
 )
 from awaken_langchain.testing._scenarios import Provider
 from awaken_langchain.testing._wire import (
@@ -53,10 +59,13 @@ from awaken_langchain.testing._wire import (
     anthropic_frames,
     estimate_usage,
     openai_frames,
+    responses_frames,
 )
+from tests.conftest import LOOPBACK_MODELS, loopback_client
 
 PROMPT = "Answer, please."
 MODELS: dict[Provider, str] = {"openai": "gpt-4o-mini", "anthropic": "claude-loopback"}
+assert MODELS == LOOPBACK_MODELS
 USAGE = TokenUsage(input_tokens=12, output_tokens=34)
 
 PROSE = (
@@ -73,6 +82,8 @@ MARKDOWN = (
 )
 WEATHER = ScriptedToolCall("get_weather", {"city": "Paris", "unit": "celsius"}, id="call_w1")
 TIME = ScriptedToolCall("get_time", {"zone": "Europe/Paris"}, id="call_t2")
+FOX_URL = "https://example.com/foxes"
+DEN_URL = "https://example.com/dens"
 
 STREAMS: dict[str, Scenario] = {
     "prose": Scenario(text=PROSE, chunk_size=9),
@@ -82,8 +93,20 @@ STREAMS: dict[str, Scenario] = {
     "text+tool": Scenario(text="Let me check the weather.", tool_calls=[WEATHER], chunk_size=8),
     "text+2-tools": Scenario(text="Checking both.", tool_calls=[WEATHER, TIME], chunk_size=10),
     "tools-only": Scenario(tool_calls=[WEATHER, TIME], chunk_size=10),
+    # a server-side search, then text with two cited spans (one at the start)
+    "web-search": Scenario(
+        text=PROSE,
+        web_searches=[ScriptedWebSearch("fox habits", [(FOX_URL, "Foxes"), (DEN_URL, "Dens")])],
+        citations=[
+            ScriptedCitation(0, 26, FOX_URL, "Foxes"),
+            ScriptedCitation(70, 106, DEN_URL, "Dens"),
+        ],
+        chunk_size=9,
+    ),
 }
 STREAMS = {name: dataclasses.replace(s, usage=USAGE, name=name) for name, s in STREAMS.items()}
+ANTHROPIC_ONLY = {"web-search"}
+"""Streams of blocks only Anthropic sends (Chat Completions ignores searches and citations)."""
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
 MODES = ("stream", "astream", "invoke", "ainvoke")
 
@@ -202,6 +225,7 @@ def cases(sync: bool) -> list[Any]:
         pytest.param(name, provider, mode, cut, id=f"{name}-{provider}-{mode}-{cut.id}")
         for name, scenario in STREAMS.items()
         for provider in PROVIDERS
+        if provider == "anthropic" or name not in ANTHROPIC_ONLY
         for cut in cuts(scenario, provider)
         for mode in modes(cut)
         if (mode in ("stream", "invoke")) == sync
@@ -241,7 +265,9 @@ class CutOnce:
         asked_to_continue = _last_text(messages, "user") == DEFAULT_CONTINUATION_PROMPT
         if asked_to_continue and prefix == self.answer.full_text:
             # the whole text had arrived (a tool call was cut): the rest is the calls
-            return dataclasses.replace(self.answer, text="")
+            return dataclasses.replace(self.answer, text="", citations=(), web_searches=())
+        if asked_to_continue and prefix and self.answer.full_text.startswith(prefix):
+            return self.answer.continued_after(len(prefix))
         return self.continues(request)
 
 
@@ -254,35 +280,14 @@ def server() -> Iterator[LoopbackProvider]:
         yield provider
 
 
-_INNER: dict[tuple[Provider, int], BaseChatModel] = {}
 _UNCUT: dict[tuple[str, Provider], AIMessage] = {}
 
 
 def inner_model(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
-    key = (provider, server.port)
-    if key not in _INNER:
-        if provider == "openai":
-            from langchain_openai import ChatOpenAI
-
-            # usage streamed on every request, so each call's stream has the events
-            # the cuts were drawn from (``include_usage`` adds one)
-            _INNER[key] = ChatOpenAI(
-                model=MODELS[provider],
-                base_url=server.base_url_openai,
-                api_key="x",
-                max_retries=0,
-                stream_usage=True,
-            )
-        else:
-            from langchain_anthropic import ChatAnthropic
-
-            _INNER[key] = ChatAnthropic(  # type: ignore[call-arg]
-                model=MODELS[provider],
-                base_url=server.base_url_anthropic,
-                api_key="x",
-                max_retries=0,
-            )
-    return _INNER[key]
+    # usage streamed on every request, so each call's stream has the events the cuts
+    # were drawn from (``include_usage`` adds one)
+    settings = {"stream_usage": True} if provider == "openai" else {}
+    return loopback_client(provider, server, **settings)
 
 
 def _no_sleep(seconds: float) -> None:
@@ -307,6 +312,31 @@ def wrapper(provider: Provider, server: LoopbackProvider) -> RecoveringChatModel
     return _WRAPPERS[key]
 
 
+WEB_SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}
+
+
+def tool_for(call: ScriptedToolCall) -> dict[str, Any]:
+    """The function tool a scripted call calls (string arguments, as scripted)."""
+    arguments = json.loads(call.arguments_json)
+    parameters = {"type": "object", "properties": {k: {"type": "string"} for k in arguments}}
+    return {
+        "type": "function",
+        "function": {"name": call.name, "description": call.name, "parameters": parameters},
+    }
+
+
+def asking(name: str, model: BaseChatModel) -> Runnable[Any, Any]:
+    """``model`` as the request for stream ``name`` asks it: with the tools its answer calls.
+
+    A search offers the search tool. (Without tools in the request
+    langchain-anthropic streams text as strings, not content blocks.)
+    """
+    if name in ANTHROPIC_ONLY:
+        return model.bind_tools([WEB_SEARCH_TOOL])
+    calls = STREAMS[name].tool_calls
+    return model.bind_tools([tool_for(c) for c in calls]) if calls else model
+
+
 def merged(chunks: list[AIMessageChunk]) -> AIMessage:
     total = chunks[0]
     for chunk in chunks[1:]:
@@ -320,8 +350,21 @@ def uncut(name: str, provider: Provider, server: LoopbackProvider) -> AIMessage:
     if key not in _UNCUT:
         server.reset()
         server.default = STREAMS[name]
-        _UNCUT[key] = merged(list(inner_model(provider, server).stream(PROMPT)))
+        _UNCUT[key] = merged(list(asking(name, inner_model(provider, server)).stream(PROMPT)))
     return _UNCUT[key]
+
+
+_INVOKED: dict[tuple[str, Provider], AIMessage] = {}
+
+
+def invoked(name: str, provider: Provider, server: LoopbackProvider) -> AIMessage:
+    """The answer the bare client's ``invoke`` returns without a fault (one JSON body)."""
+    key = (name, provider)
+    if key not in _INVOKED:
+        server.reset()
+        server.default = STREAMS[name]
+        _INVOKED[key] = asking(name, inner_model(provider, server)).invoke(PROMPT)
+    return _INVOKED[key]
 
 
 def text_of(message: Any) -> str:
@@ -335,18 +378,69 @@ def text_of(message: Any) -> str:
     )
 
 
+_NUMBERED = re.compile(r"(srvtoolu|toolu)_\d+_")
+
+
+def renumbered(value: Any) -> Any:
+    """``value`` without the request numbers the loopback puts in server-tool ids.
+
+    A recovered turn takes more requests than the uncut one; a restart's search
+    blocks carry the later request's number.
+    """
+    if isinstance(value, dict):
+        return {k: renumbered(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [renumbered(v) for v in value]
+    if isinstance(value, str):
+        return _NUMBERED.sub(r"\1_N_", value)
+    return value
+
+
+def blocks_of(content: str | list[Any]) -> list[dict[str, Any]]:
+    """Content as blocks: a string is a text block, empty strings and stream indexes go."""
+    items = [content] if isinstance(content, str) else content
+    return [
+        renumbered({"type": "text", "text": item} if isinstance(item, str) else item)
+        for item in items
+        if item != ""
+    ]
+
+
+def joined_after(blocks: list[dict[str, Any]], offset: int) -> list[dict[str, Any]]:
+    """``blocks`` with the text block after ``offset`` characters of text joined to the one before.
+
+    The one place a recovered turn's blocks differ from the uncut ones: a cut
+    exactly at the end of a cited span. No chunk tells that the cited block had
+    ended (langchain-anthropic passes no ``content_block_stop``), so the
+    continuation's first text extends it, as it extends a block cut mid-span.
+    """
+    out: list[dict[str, Any]] = []
+    seen, joined = 0, False
+    for block in blocks:
+        if block["type"] == "text" and out and seen == offset and out[-1]["type"] == "text":
+            out[-1] = {**out[-1], "text": out[-1]["text"] + block["text"]}
+            seen += len(block["text"])
+            joined = True
+            continue
+        if joined and isinstance(block.get("index"), int):  # streamed blocks: one index fewer
+            block = {**block, "index": block["index"] - 1}
+        out.append(block)
+        seen += len(block.get("text", "")) if block["type"] == "text" else 0
+    return out
+
+
 def calls_of(message: AIMessage) -> list[tuple[str, dict[str, Any], str | None]]:
     return [(c["name"], c["args"], c["id"]) for c in message.tool_calls]
 
 
-def recover(model: RecoveringChatModel, mode: str) -> tuple[AIMessage, list[AIMessageChunk]]:
+def recover(model: Runnable[Any, Any], mode: str) -> tuple[AIMessage, list[AIMessageChunk]]:
     if mode == "invoke":
         return model.invoke(PROMPT), []
     chunks = list(model.stream(PROMPT))
     return merged(chunks), chunks
 
 
-async def arecover(model: RecoveringChatModel, mode: str) -> tuple[AIMessage, list[AIMessageChunk]]:
+async def arecover(model: Runnable[Any, Any], mode: str) -> tuple[AIMessage, list[AIMessageChunk]]:
     if mode == "ainvoke":
         return await model.ainvoke(PROMPT), []
     chunks = [chunk async for chunk in model.astream(PROMPT)]
@@ -357,6 +451,7 @@ def check(
     server: LoopbackProvider,
     name: str,
     provider: Provider,
+    mode: str,
     cut: Cut,
     message: AIMessage,
     chunks: list[AIMessageChunk],
@@ -385,14 +480,26 @@ def check(
     else:
         assert calls_of(message) == calls_of(reference)
         assert message.invalid_tool_calls == []
+    if provider == "anthropic" and plans != ["R2"]:  # every block, as the bare client shows it
+        bare = invoked(name, provider, server) if mode.endswith("invoke") else reference
+        expected = blocks_of(bare.content)
+        if plans == ["R1"] and len(got.text) in {c.end for c in STREAMS[name].citations}:
+            expected = joined_after(expected, len(got.text))
+        assert blocks_of(message.content) == expected
     if chunks:
         assert "".join(text_of(c) for c in chunks) == text_of(message)
         assert len({c.id for c in chunks}) == 1
+        whole = blocks_of(reference.content)
+        for chunk in chunks:  # a block other than text reaches the caller whole or not at all
+            for block in blocks_of(chunk.content):
+                assert block["type"] == "text" or block in whole
     assert not server.errors
+    assert not [r.rejected_by for r in server.requests if r.rejected_by]
 
 
 def cut_once(server: LoopbackProvider, name: str, provider: Provider, cut: Cut) -> None:
-    uncut(name, provider, server)  # read first: it resets the server
+    uncut(name, provider, server)  # read first: they reset the server
+    invoked(name, provider, server)
     server.reset()
     server.default = CutOnce(STREAMS[name], provider, cut)
 
@@ -405,8 +512,8 @@ def test_recovered_answer_equals_the_uncut_answer(
     server: LoopbackProvider, name: str, provider: Provider, mode: str, cut: Cut
 ) -> None:
     cut_once(server, name, provider, cut)
-    message, chunks = recover(wrapper(provider, server), mode)
-    check(server, name, provider, cut, message, chunks)
+    message, chunks = recover(asking(name, wrapper(provider, server)), mode)
+    check(server, name, provider, mode, cut, message, chunks)
 
 
 @pytest.mark.parametrize(("name", "provider", "mode", "cut"), cases(sync=False))
@@ -415,16 +522,180 @@ async def test_recovered_answer_equals_the_uncut_answer_async(
     server: LoopbackProvider, name: str, provider: Provider, mode: str, cut: Cut
 ) -> None:
     cut_once(server, name, provider, cut)
-    message, chunks = await arecover(wrapper(provider, server), mode)
-    check(server, name, provider, cut, message, chunks)
+    message, chunks = await arecover(asking(name, wrapper(provider, server)), mode)
+    check(server, name, provider, mode, cut, message, chunks)
 
 
-@pytest.mark.parametrize("name", ["text+tool", "text+2-tools"])
+@pytest.mark.parametrize("name", ["text+tool", "text+2-tools", "web-search"])
 def test_uncut_anthropic_answer_keeps_its_content_blocks(
     server: LoopbackProvider, name: str
 ) -> None:
     reference = uncut(name, "anthropic", server)
     server.reset()
     server.default = STREAMS[name]
-    message, _ = recover(wrapper("anthropic", server), "stream")
-    assert message.content == reference.content
+    message, _ = recover(asking(name, wrapper("anthropic", server)), "stream")
+    assert renumbered(message.content) == renumbered(reference.content)
+
+
+# -- structured output: one JSON document, restarted at every cut ----------------------
+#
+# Every ``with_structured_output`` method of the real clients, through the wrapper, is
+# answered by ``schema_responder`` (a document valid against the request's own schema or
+# a forced call with such arguments) and cut at every event boundary, at the middle
+# byte of every event, and by a clean end before the terminal event.
+# Each cut runs sync, in ``invoke`` and ``stream`` by turns, and each cut but the byte cuts
+# async (``ainvoke``/``astream`` by turns): the parsed object the caller gets (the last
+# one streamed) equals the uncut one.
+
+
+class Forecast(BaseModel):
+    """A forecast."""
+
+    city: str
+    summary: str
+
+
+STRUCTURED_PROMPT = "The forecast for Paris as JSON with the keys 'city' and 'summary'."
+STRUCTURED: dict[str, tuple[Provider, str]] = {
+    "chat-json_schema": ("openai", "json_schema"),
+    "chat-function_calling": ("openai", "function_calling"),
+    "chat-json_mode": ("openai", "json_mode"),
+    "responses-json_schema": ("openai-responses", "json_schema"),
+    "responses-function_calling": ("openai-responses", "function_calling"),
+    "responses-json_mode": ("openai-responses", "json_mode"),
+    "anthropic-function_calling": ("anthropic", "function_calling"),
+    "anthropic-json_schema": ("anthropic", "json_schema"),
+}
+
+
+def structured_inner(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
+    if provider == "openai-responses":
+        return loopback_client("openai", server, use_responses_api=True)
+    return inner_model(provider, server)
+
+
+def request_frames(request: RecordedRequest) -> list[Frame]:
+    """The frames the server sends ``schema_responder``'s answer to ``request`` in."""
+    assert request.provider is not None
+    scenario = schema_responder()(request)
+    body: Any = request.body
+    ctx = ResponseContext(
+        number=request.number,
+        model=str(body.get("model")),
+        usage=estimate_usage(body, scenario),
+        include_usage=request.provider == "openai"
+        and bool((body.get("stream_options") or {}).get("include_usage")),
+        request=body,
+    )
+    render = {
+        "openai": openai_frames,
+        "anthropic": anthropic_frames,
+        "openai-responses": responses_frames,
+    }[request.provider]
+    return render(scenario, ctx)
+
+
+def frame_cuts(frames: list[Frame]) -> list[Cut]:
+    """Every event boundary, the middle byte of every event, every clean end before the end.
+
+    One byte per event: the first and last bytes of events are cut in the text and
+    tool streams above, and a byte cut delivers the same events as a boundary cut.
+    """
+    first_terminal = next(i for i, f in enumerate(frames) if f.terminal)
+    out = [Cut("events", n) for n in range(len(frames) + 1)]
+    out += [Cut("bytes", n, "middle") for n in range(len(frames))]
+    out += [Cut("eof", n) for n in range(first_terminal + 1)]
+    return out
+
+
+class CutSchemaAnswerOnce:
+    """Answers like ``schema_responder``; the first request's answer is cut at ``cut``."""
+
+    def __init__(self, cut: Cut) -> None:
+        self.cut = cut
+        self.answer = schema_responder()
+        self.first = True
+
+    def __call__(self, request: RecordedRequest) -> Scenario:
+        scenario = self.answer(request)
+        if self.first:
+            self.first = False
+            return dataclasses.replace(scenario, fault=self.cut.fault(request_frames(request)))
+        return scenario
+
+
+def structured_model(case: str, server: LoopbackProvider, *, bare: bool = False) -> Any:
+    provider, method = STRUCTURED[case]
+    inner = structured_inner(provider, server)
+    model: BaseChatModel = inner
+    if not bare:
+        policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
+        model = RecoveringChatModel(model=inner, retry_policy=policy)
+    return model.with_structured_output(Forecast, method=method)  # type: ignore[arg-type]
+
+
+def uncut_structured(case: str, server: LoopbackProvider) -> tuple[Any, list[Cut]]:
+    """The bare client's parsed answer and every cut of its stream."""
+    server.reset()
+    server.default = schema_responder()
+    expected = list(structured_model(case, server, bare=True).stream(STRUCTURED_PROMPT))[-1]
+    assert isinstance(expected, Forecast)
+    return expected, frame_cuts(request_frames(server.requests[0]))
+
+
+def structured_failures(
+    server: LoopbackProvider, expected: Any, cut: Cut, mode: str, got: Any
+) -> list[str]:
+    """What differs from the uncut answer after ``cut`` (empty when nothing does)."""
+    problems = []
+    if got != expected:
+        problems.append(f"{cut.id} {mode}: parsed {str(got)[:150]!r}")
+    if server.errors or any(r.rejected_by for r in server.requests):
+        problems.append(f"{cut.id} {mode}: the provider rejected a request")
+    return problems
+
+
+@pytest.mark.parametrize("case", list(STRUCTURED))
+def test_a_structured_answer_cut_anywhere_parses_to_the_uncut_object(
+    server: LoopbackProvider, case: str
+) -> None:
+    expected, all_cuts = uncut_structured(case, server)
+    structured = structured_model(case, server)
+    problems: list[str] = []
+    for number, cut in enumerate(all_cuts):
+        for mode in (("invoke", "stream")[number % 2],):
+            server.reset()
+            server.default = CutSchemaAnswerOnce(cut)
+            try:
+                if mode == "invoke":
+                    got = structured.invoke(STRUCTURED_PROMPT)
+                else:
+                    got = list(structured.stream(STRUCTURED_PROMPT))[-1]
+            except Exception as exc:  # every cut is reported, not only the first
+                got = exc
+            problems += structured_failures(server, expected, cut, mode, got)
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize("case", list(STRUCTURED))
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_structured_answer_cut_anywhere_parses_to_the_uncut_object_async(
+    server: LoopbackProvider, case: str
+) -> None:
+    expected, all_cuts = uncut_structured(case, server)
+    structured = structured_model(case, server)
+    problems: list[str] = []
+    # async samples: every event boundary and clean end; the byte cuts run sync only
+    for number, cut in enumerate(c for c in all_cuts if c.kind != "bytes"):
+        for mode in (("ainvoke", "astream")[number % 2],):
+            server.reset()
+            server.default = CutSchemaAnswerOnce(cut)
+            try:
+                if mode == "ainvoke":
+                    got = await structured.ainvoke(STRUCTURED_PROMPT)
+                else:
+                    got = [part async for part in structured.astream(STRUCTURED_PROMPT)][-1]
+            except Exception as exc:  # every cut is reported, not only the first
+                got = exc
+            problems += structured_failures(server, expected, cut, mode, got)
+    assert problems == [], "\n".join(problems)

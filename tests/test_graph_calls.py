@@ -60,7 +60,7 @@ from awaken_langchain.testing import (
     Scenario,
     echo_responder,
 )
-from tests.conftest import FakeClock
+from tests.conftest import Events, FakeClock
 
 ECHO = "You said: "
 """What ``echo_responder`` puts before the question it answers."""
@@ -102,19 +102,6 @@ def one_node_graph(node: Node) -> Any:
     graph.add_edge(START, "ask")
     graph.add_edge("ask", END)
     return graph.compile(checkpointer=InMemorySaver())
-
-
-class Events(BaseCallbackHandler):
-    """The recovery events the model calls reported, in order."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        self.seen.append((name, data))
-
-    def named(self, name: str) -> list[Any]:
-        return [data for seen, data in self.seen if seen == name]
 
 
 def thread(name: str = "thread-1", *handlers: BaseCallbackHandler) -> RunnableConfig:

@@ -462,3 +462,26 @@ async def test_a_closing_write_the_turn_gave_up_waiting_for_still_lands() -> Non
     writer = writer_for(store)
     await writer.await_(writer.call(lambda: None), 5.0)
     assert store.get(str(run_id)) is None  # its closing delete still landed, after the puts
+
+
+EXITS_RIGHT_AFTER = """
+import sys, time
+from awaken_langchain import DiskCacheStreamCheckpointStore, StreamCheckpoint
+from awaken_langchain.writer import writer_for
+store = DiskCacheStreamCheckpointStore(sys.argv[1])
+writer = writer_for(store)
+store.put(StreamCheckpoint(run_id="done", partial_text="finished turn"))
+writer.call(lambda: time.sleep(0.3))  # a slow store: the delete below is still queued
+writer.call(lambda: store.delete("done"))
+writer.submit(StreamCheckpoint(run_id="open", partial_text="in flight"))
+"""
+
+
+def test_a_process_that_ends_lets_its_queued_writes_land(tmp_path: Path) -> None:
+    subprocess.run(
+        [sys.executable, "-c", EXITS_RIGHT_AFTER, str(tmp_path / "cache")],
+        check=True,
+        timeout=60,
+    )
+    with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
+        assert store.list_run_ids() == ["open"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -48,6 +47,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
+from tests.conftest import answered_a_tool
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 """One event loop for the module: the SDKs' async clients are shared between tests."""
@@ -73,30 +73,11 @@ QUICK_TO_GIVE_UP = RetryPolicy(
 """Spent after two overloaded answers (the default keeps retrying overload for minutes)."""
 
 
-def answered_a_tool(request: RecordedRequest) -> bool:
-    """Whether an OpenAI or Anthropic request carries a tool result."""
-    for message in request.messages:
-        if message.get("role") == "tool":
-            return True
-        content = message.get("content")
-        if isinstance(content, list) and any(
-            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-        ):
-            return True
-    return False
-
-
 def agent_responder(request: RecordedRequest) -> Scenario:
     """A model that calls the weather tool, then answers (continuing a cut answer)."""
     if answered_a_tool(request):
         return continuation_responder(TEXT_TURN)(request)
     return TOOL_TURN
-
-
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[LoopbackProvider]:
-    with LoopbackProvider() as provider:
-        yield provider
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ caller saw, what the provider received, and what was retried.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
+from tests.conftest import Sleeps, loopback_client
 
 # one event loop for the module: the SDKs' async clients are shared between tests
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -45,28 +45,9 @@ def continuing(full: str, overlap_words: int = 0) -> Any:
     return continuation_responder(Scenario(text=full), overlap_words=overlap_words)
 
 
-class Sleeps:
-    """Records the waits the policy asked for instead of sleeping."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-    async def asleep(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
 @pytest.fixture
 def sleeps() -> Sleeps:
     return Sleeps()
-
-
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[LoopbackProvider]:
-    with LoopbackProvider() as provider:
-        yield provider
 
 
 @pytest.fixture
@@ -77,28 +58,8 @@ def server(shared_server: LoopbackProvider) -> LoopbackProvider:
     return shared_server
 
 
-_INNER: dict[tuple[str, int], BaseChatModel] = {}
-
-
 def inner_model(provider: str, server: LoopbackProvider) -> BaseChatModel:
-    key = (provider, server.port)
-    if key not in _INNER:
-        _INNER[key] = _build_inner(provider, server)
-    return _INNER[key]
-
-
-def _build_inner(provider: str, server: LoopbackProvider) -> BaseChatModel:
-    if provider == "openai":
-        from langchain_openai import ChatOpenAI
-
-        return ChatOpenAI(
-            model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
-        )
-    from langchain_anthropic import ChatAnthropic
-
-    return ChatAnthropic(  # type: ignore[call-arg]
-        model="claude-loopback", base_url=server.base_url_anthropic, api_key="x", max_retries=0
-    )
+    return loopback_client(provider, server)
 
 
 def wrapper(

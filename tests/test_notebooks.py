@@ -125,6 +125,24 @@ def test_agent_notebook_never_runs_a_cut_off_tool_call() -> None:
     assert """streamed tool arguments: ['{"to":"alice","amount":100,"confirm":true}']""" in out
 
 
+def test_agent_middleware_notebook_finishes_the_turn_on_the_fallback_model() -> None:
+    notebook = execute("04_agent_middleware.ipynb")
+    out = text_output(notebook)
+    assert (
+        "awaken_fallback      plan=R1 cause=overloaded "
+        "openai-chat:gpt-4o-mini -> anthropic-chat:claude-loopback"
+    ) in out
+    assert "openai-chat:gpt-4o-mini          [0:32] 'It is sunny in Paris today, abou'" in out
+    assert "anthropic-chat:claude-loopback   [32:132] 't twenty-two degrees" in out
+    assert "final answer: It is sunny in Paris today, about twenty-two degrees" in out
+    assert "thread: ['HumanMessage', 'AIMessage', 'ToolMessage', 'AIMessage']" in out
+    assert out.count("tool executed: ['Paris']") == 1
+    # with fallbacks the UI got every word once; ModelFallbackMiddleware restarts the call
+    assert out.count("streamed to the UI once: True") == 1
+    assert out.count("streamed to the UI once: False") == 1
+    assert "final answer is whole:   True" in out
+
+
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.name)
 def test_committed_notebooks_carry_no_outputs(path: Path) -> None:
     notebook = json.loads(path.read_text())

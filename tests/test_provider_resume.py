@@ -594,3 +594,39 @@ async def test_invoke_is_resumed_at_the_provider_too(drive: Drive) -> None:
     assert [b["type"] for b in message.content] == [b["type"] for b in bare.content]
     assert len(srv.requests_for("openai-responses")) == 1
     assert message.response_metadata["awaken"]["plans"] == ["provider_resume"]
+
+
+# -- with fallback models ---------------------------------------------------------------
+
+
+async def test_turn_moved_to_a_fallback_finishes_there_and_cancels_the_primarys_response(
+    drive: Drive,
+) -> None:
+    plain = Scenario(text=TEXT, chunk_size=7)
+    cut = after(plain, "response.output_text.delta", 3)
+    fallback_model = "gpt-4o-mini"
+    with LoopbackProvider(
+        [dataclasses.replace(plain, fault=Fault.drop_after_events(cut))],
+        default=continuation_responder(plain),
+    ) as server:
+        fallback = ChatOpenAI(
+            model=fallback_model, base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+        model = wrapped(
+            server,
+            fallbacks=[fallback],
+            retry_policy=dataclasses.replace(NO_WAIT, max_continuations=0),
+        )
+        chunks = await drive.stream(model, "What is the capital of France?")
+        assert not server.errors
+        assert text_of(chunks) == TEXT
+        assert server.retrievals() == []  # the spent primary is not resumed at the provider
+        assert [r.path for r in server.cancellations()] == ["/v1/responses/resp_loopback_1/cancel"]
+        (continued,) = [r for r in server.requests if (r.body or {}).get("model") == fallback_model]
+        assert "background" not in continued.body
+        awaken = merge(chunks).response_metadata["awaken"]
+        assert [m["model"] for m in awaken["models"]] == [
+            f"openai-chat:{MODEL}",
+            f"openai-chat:{fallback_model}",
+        ]
+        assert awaken["provider_resumes"] == 0

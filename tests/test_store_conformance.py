@@ -339,6 +339,26 @@ def test_put_many_reports_a_fenced_checkpoint_in_order_and_writes_the_others(
     assert texts == ["one", "kept", "three"]
 
 
+def test_put_many_appends_never_splice_onto_another_writers_record(
+    store_factory: StoreFactory,
+) -> None:
+    durable(store_factory)
+    one, two, reader = store_factory(), store_factory(), store_factory()
+    try:
+        texts = {"run-1": "", "run-2": ""}
+        for step in range(12):
+            writer = one if step % 3 else two  # another instance writes now and then
+            for run_id in texts:
+                texts[run_id] += f"<{run_id}:{step}:\u00e9>"
+            checkpoints = [make_checkpoint(run_id, text) for run_id, text in texts.items()]
+            assert writer.put_many(checkpoints) == [None, None]
+            got = [reader.get(run_id) for run_id in texts]  # the writers never read
+            assert [c.partial_text if c else None for c in got] == list(texts.values())
+    finally:
+        for each in (one, two, reader):
+            each.close()
+
+
 def test_delete_with_a_stale_epoch_is_fenced(store: StreamCheckpointStore) -> None:
     old = store.claim("run-1")
     new = store.claim("run-1")

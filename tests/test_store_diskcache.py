@@ -247,6 +247,10 @@ def test_put_many_is_one_transaction_rolled_back_when_the_database_fails(
 ) -> None:
     with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
         store.put(StreamCheckpoint(run_id="first", partial_text="before"))
+        with DiskCacheStreamCheckpointStore(tmp_path / "cache") as other:
+            # written by another instance: this one takes the general path for it,
+            # after the batch's other rows were written
+            other.put(StreamCheckpoint(run_id="broken", partial_text="theirs"))
         replace = store._backend_replace
 
         def failing(head: Any, text: bytes, epoch: int) -> Any:
@@ -270,6 +274,9 @@ def test_put_many_is_one_transaction_rolled_back_when_the_database_fails(
         assert first is not None
         assert first.partial_text == "before"
         assert store.get("other") is None
+        broken = store.get("broken")
+        assert broken is not None
+        assert broken.partial_text == "theirs"
         monkeypatch.undo()
         assert store.put_many([StreamCheckpoint(run_id="first", partial_text="before, again")]) == [
             None
@@ -277,3 +284,88 @@ def test_put_many_is_one_transaction_rolled_back_when_the_database_fails(
         again = store.get("first")
         assert again is not None
         assert again.partial_text == "before, again"
+
+
+def _text(store: DiskCacheStreamCheckpointStore, run_id: str) -> str | None:
+    checkpoint = store.get(run_id)
+    return None if checkpoint is None else checkpoint.partial_text
+
+
+def test_appends_without_reading_back_keep_the_whole_text(tmp_path: Path) -> None:
+    with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
+        epoch = store.claim("run")
+        text = ""
+        for step in range(200):
+            text += f"é{step}\U0001f600 " if step % 3 else f"<{step}>"
+            assert store.put_many(
+                [StreamCheckpoint(run_id="run", partial_text=text, epoch=epoch)]
+            ) == [None]
+        with DiskCacheStreamCheckpointStore(tmp_path / "cache") as reader:
+            assert _text(reader, "run") == text
+
+
+def test_a_write_by_another_store_is_noticed_before_appending(tmp_path: Path) -> None:
+    with (
+        DiskCacheStreamCheckpointStore(tmp_path / "cache") as one,
+        DiskCacheStreamCheckpointStore(tmp_path / "cache") as two,
+    ):
+        one.put(StreamCheckpoint(run_id="run", partial_text="abc"))
+        two.put(StreamCheckpoint(run_id="run", partial_text="xyz, written by two"))
+        one.put(StreamCheckpoint(run_id="run", partial_text="abcdef"))  # must not splice
+
+        assert _text(two, "run") == "abcdef"
+        two.put(StreamCheckpoint(run_id="run", partial_text="abcdefgh"))
+        one.put(StreamCheckpoint(run_id="run", partial_text="abcdefghij"))
+        assert _text(two, "run") == "abcdefghij"
+
+
+def test_segments_large_enough_for_a_file_are_written_and_replaced(tmp_path: Path) -> None:
+    with DiskCacheStreamCheckpointStore(tmp_path / "cache", max_checkpoint_bytes=1 << 22) as store:
+        large = store._cache.disk.min_file_size
+        text = "a" * 10
+        store.put(StreamCheckpoint(run_id="run", partial_text=text))
+        text += "b" * (large + 5)
+        store.put(StreamCheckpoint(run_id="run", partial_text=text))
+        for step in range(20):
+            text += f"-{step}"
+            store.put(StreamCheckpoint(run_id="run", partial_text=text))
+        assert _text(store, "run") == text
+        store.put(StreamCheckpoint(run_id="run", partial_text="short again"))
+        assert _text(store, "run") == "short again"
+        store.delete("run")
+        assert store.get("run") is None
+        assert store.list_run_ids() == []
+
+
+def test_a_group_commit_fences_a_run_claimed_since_its_last_write(tmp_path: Path) -> None:
+    with (
+        DiskCacheStreamCheckpointStore(tmp_path / "cache") as one,
+        DiskCacheStreamCheckpointStore(tmp_path / "cache") as two,
+    ):
+        first = one.claim("run")
+        assert one.put_many(
+            [
+                StreamCheckpoint(run_id="run", partial_text="a", epoch=first),
+                StreamCheckpoint(run_id="other", partial_text="b"),
+            ]
+        ) == [None, None]
+        second = two.claim("run")
+        errors = one.put_many(
+            [
+                StreamCheckpoint(run_id="run", partial_text="ab", epoch=first),
+                StreamCheckpoint(run_id="other", partial_text="bc"),
+            ]
+        )
+        assert isinstance(errors[0], StreamCheckpointFencedError)
+        assert errors[1] is None
+        assert (_text(two, "run"), _text(two, "other")) == ("a", "bc")
+        with pytest.raises(StreamCheckpointError, match="current epoch is 0"):
+            one.delete("other", epoch=second)  # never claimed: refused, nothing deleted
+        assert _text(two, "other") == "bc"
+        two.put(StreamCheckpoint(run_id="run", partial_text="a!", epoch=second))
+        with pytest.raises(StreamCheckpointFencedError):
+            one.delete("run", epoch=first)
+        assert _text(one, "run") == "a!"
+        two.delete("run", epoch=second)
+        assert two.get("run") is None
+        assert two.claim("run") == second + 1

@@ -11,7 +11,6 @@ import asyncio
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -37,7 +36,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
 )
 from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text, tool_call
-from tests.conftest import Drive
+from tests.conftest import Drive, loopback_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -75,40 +74,14 @@ def _text(content: Any) -> str:
 # -- real clients on the loopback provider ------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def shared_server() -> Iterator[LoopbackProvider]:
-    with LoopbackProvider() as provider:
-        yield provider
-
-
 @pytest.fixture
 def server(shared_server: LoopbackProvider) -> LoopbackProvider:
     shared_server.reset()
     return shared_server
 
 
-_CLIENTS: dict[tuple[str, int], BaseChatModel] = {}
-
-
 def client(provider: str, server: LoopbackProvider) -> BaseChatModel:
-    key = (provider, server.port)
-    if key not in _CLIENTS:
-        if provider == "openai":
-            from langchain_openai import ChatOpenAI
-
-            _CLIENTS[key] = ChatOpenAI(
-                model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
-            )
-        else:
-            from langchain_anthropic import ChatAnthropic
-
-            _CLIENTS[key] = ChatAnthropic(  # type: ignore[call-arg]
-                model="claude-loopback",
-                base_url=server.base_url_anthropic,
-                api_key="x",
-                max_retries=0,
-            )
-    return _CLIENTS[key]
+    return loopback_client(provider, server)
 
 
 def wrapped(provider: str, server: LoopbackProvider, **settings: Any) -> RecoveringChatModel:

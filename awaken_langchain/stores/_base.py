@@ -206,6 +206,34 @@ def make_private_directory(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps next to a database while it writes it."""
+
+
+def make_private_database(path: str | os.PathLike[str]) -> None:
+    """Create the SQLite file ``path`` private (0600) before SQLite opens it.
+
+    SQLite gives its -wal and -shm files the database file's mode, so a
+    database created private keeps its side files private whatever the umask.
+    An existing database, and side files left by an earlier writer, are made
+    private too. Never follows a symbolic link at ``path``.
+
+    Raises:
+        StreamCheckpointError: If ``path`` is a symbolic link.
+        OSError: If the file cannot be created.
+    """
+    fd = open_no_follow(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in SQLITE_SIDE_FILES:
+        side = os.fspath(path) + suffix
+        if os.path.exists(side) and not os.path.islink(side):
+            os.chmod(side, 0o600)
+
+
 UNREADABLE_PREFIX = "unreadable-entry:"
 """How the id of a stored entry that names no readable run id starts (see :func:`unreadable_id`)."""
 
@@ -454,6 +482,8 @@ class LastWrite:
         extra: The stored head's backend layout details at that time.
         text_hash: SHA-256 state over the encoded text (signing stores only), so
             that the next append hashes only its delta.
+        state: What the backend keeps of the stored record to write the next
+            put without reading it back (``None``: nothing).
     """
 
     write_id: str
@@ -461,6 +491,7 @@ class LastWrite:
     text_bytes: int
     extra: Mapping[str, Any]
     text_hash: Any = None
+    state: Any = None
 
 
 @dataclass
@@ -649,7 +680,13 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         if last is None or not plan.text.startswith(last.text):
             return None
         delta = encode_text(plan.text[len(last.text) :])
-        head = Head(plan.run_id, plan.fields, last.text_bytes + len(delta), plan.write_id)
+        head = Head(
+            plan.run_id,
+            plan.fields,
+            last.text_bytes + len(delta),
+            plan.write_id,
+            self._append_layout(last, len(delta)),
+        )
         if self._signing_key is not None:
             if last.text_hash is None:
                 return None
@@ -666,12 +703,37 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
         """
         data = encode_text(plan.text)
-        head = Head(plan.run_id, plan.fields, len(data), plan.write_id)
+        head = Head(
+            plan.run_id, plan.fields, len(data), plan.write_id, self._rewrite_layout(len(data))
+        )
         if self._signing_key is not None:
             plan.text_hash = hashlib.sha256(data)
             head = self._sign(head, plan.text_hash)
         self._check_size(head)
         return head, data
+
+    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
+        """The layout details (``extra``) a head will carry after appending ``delta`` bytes.
+
+        Known before the head is encoded, so that it is encoded once, with them.
+        A backend that decides its layout only inside its primitive returns
+        ``{}`` and sets it there (:meth:`Head.with_extra`, a second encoding).
+        """
+        return {}
+
+    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
+        """The layout details (``extra``) a head will carry after a rewrite of ``text_bytes``."""
+        return {}
+
+    def _put_plan(self, plan: PutPlan) -> Head:
+        """Write a prepared put through the primitives: append if it can, else rewrite."""
+        stored = None
+        append = self._append_step(plan)
+        if append is not None and plan.last is not None:
+            stored = self._backend_append(*append, plan.epoch, plan.last)
+        if stored is None:
+            stored = self._backend_replace(*self._rewrite_step(plan), plan.epoch)
+        return stored
 
     def _finish_put(self, plan: PutPlan, stored: Head) -> None:
         """Remember what a put wrote, for the next delta write."""
@@ -766,12 +828,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """
         plan = self._prepare_put(checkpoint)
         with self._backend_errors("put", plan.run_id):
-            stored = None
-            append = self._append_step(plan)
-            if append is not None and plan.last is not None:
-                stored = self._backend_append(*append, plan.epoch, plan.last)
-            if stored is None:
-                stored = self._backend_replace(*self._rewrite_step(plan), plan.epoch)
+            stored = self._put_plan(plan)
         self._finish_put(plan, stored)
 
     def get(self, run_id: str) -> StreamCheckpoint | None:
@@ -801,9 +858,18 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         check_run_id(run_id)
         self._check_writable("delete")
         with self._memo_lock:
-            self._memo.pop(run_id, None)
+            last = self._memo.pop(run_id, None)
         with self._backend_errors("delete", run_id):
-            self._backend_delete(run_id, epoch, None)
+            if last is None or not self._delete_written(run_id, epoch, last):
+                self._backend_delete(run_id, epoch, None)
+
+    def _delete_written(self, run_id: str, epoch: int | None, last: LastWrite) -> bool:
+        """Delete a run this instance wrote last, from what it knows of the record.
+
+        ``False`` (the default): delete by the general primitive instead. Runs
+        inside the ``delete`` error context; fencing is the override's to check.
+        """
+        return False
 
     def list_run_ids(self) -> list[str]:
         """Return the run ids that have an unexpired checkpoint.
@@ -914,6 +980,7 @@ __all__ = [
     "decode_text",
     "encode_text",
     "linked_path_error",
+    "make_private_database",
     "make_private_directory",
     "new_write_id",
     "next_epoch",

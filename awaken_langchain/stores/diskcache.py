@@ -7,7 +7,8 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,14 @@ from awaken_langchain.stores._base import (
     DeltaCheckpointStore,
     Head,
     LastWrite,
+    PutPlan,
     check_epoch,
     corrupted,
     decode_head,
+    encode_text,
+    make_private_database,
     make_private_directory,
     next_epoch,
-    open_no_follow,
     plan_append,
     run_id_bytes,
     unreadable_id,
@@ -44,6 +47,83 @@ _FLOOR = b"f\x00epoch-floor"
 
 _COLLECT_BATCH = 256
 """Epoch records examined per transaction by ``gc``."""
+
+_MODE_RAW = diskcache.core.MODE_RAW
+
+_KEYS_PER_SELECT = 400
+"""Keys read per statement by a group commit (SQLite allows at least 999 parameters)."""
+
+_SELECT_ROWS = (
+    "SELECT key, mode, value FROM Cache WHERE raw = 1 AND key IN ({}) "
+    "AND (expire_time IS NULL OR expire_time > ?)"
+)
+_UPSERT_ROWS = (
+    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, "
+    "size, mode, filename, value) VALUES {} "
+    "ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, "
+    "expire_time = NULL, access_time = excluded.access_time, access_count = 0, tag = NULL, "
+    "size = 0, mode = 1, filename = NULL, value = excluded.value"
+)
+"""Rows exactly as ``Cache.set`` stores small bytes values (inline, not in a file)."""
+_UPSERT_VALUES = "(?, 1, ?, NULL, ?, 0, NULL, 0, 1, NULL, ?)"
+_ROWS_PER_UPSERT = 200
+"""Rows written per statement: one statement is one release of the GIL (and one
+wait to take it back from a busy event loop), where ``executemany`` is one per row."""
+_UPSERT_ROW = _UPSERT_ROWS.format(_UPSERT_VALUES)
+_DELETE_ROWS = "DELETE FROM Cache WHERE raw = 1 AND key IN ({})"
+
+
+def _rows(execute: Callable[..., Any], keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
+    """Read the rows of ``keys`` in as few statements as SQLite's parameter limit allows."""
+    found: dict[bytes, tuple[int, Any]] = {}
+    now = time.time()
+    for start in range(0, len(keys), _KEYS_PER_SELECT):
+        chunk = keys[start : start + _KEYS_PER_SELECT]
+        statement = _SELECT_ROWS.format(",".join("?" * len(chunk)))
+        for key, mode, value in execute(statement, (*chunk, now)).fetchall():
+            found[bytes(key)] = (mode, bytes(value) if type(value) is not int else value)
+    return found
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """What this store last wrote for a run, so that the next put need not read it back.
+
+    Attributes:
+        head: The stored head, byte for byte. The next put writes without
+            reading the record only if the row still holds exactly these bytes
+            (its ``write_id`` is random: nobody else wrote in between).
+        chars: Characters of the text in each segment (the head's ``extra``
+            holds their sizes in bytes), so that a merged tail segment is
+            encoded from the text instead of read back.
+        epoch_row: The run's epoch record as last read, undecoded.
+        epoch_record: That record decoded, reused while the row is unchanged.
+    """
+
+    head: bytes
+    chars: tuple[int, ...]
+    epoch_row: Any = None
+    epoch_record: tuple[int, float] | None = None
+
+
+_NO_RECORD = _Stored(b"", ())
+"""The state of a run without a stored record: a put writes it without reading anything else."""
+
+
+def _segment_chars(text: str, sizes: Sequence[int]) -> tuple[int, ...] | None:
+    """Characters in each segment of ``text`` stored as segments of ``sizes`` bytes."""
+    if len(sizes) <= 1:
+        return (len(text),) if sizes else ()
+    data = encode_text(text)
+    chars = []
+    start = 0
+    try:
+        for size in sizes:
+            chars.append(len(data[start : start + size].decode("utf-8", "surrogatepass")))
+            start += size
+    except UnicodeDecodeError:
+        return None
+    return tuple(chars)
 
 
 class _RefusedPickle(ValueError):
@@ -93,6 +173,10 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
     def key_rows(self) -> list[tuple[Any, int]]:
         """Return every stored key undecoded, so that one bad key cannot stop a listing."""
         return list(self._sql(_KEY_ROWS))
+
+    def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
+        """Return ``key -> (mode, value)`` for the unexpired raw-keyed rows among ``keys``."""
+        return _rows(self._sql, keys)
 
     def remove_row(self, key: Any, raw: int) -> bool:
         """Remove the entry stored under an undecoded key; return whether there was one."""
@@ -167,6 +251,10 @@ class _ReadOnlyCache:
         with self._lock:
             return list(self._connection.execute(_KEY_ROWS))
 
+    def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
+        with self._lock:
+            return _rows(self._connection.execute, keys)
+
 
 class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     """Checkpoints in a diskcache directory, safe for several processes on one host.
@@ -232,14 +320,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 self._cache = _ReadOnlyCache(self.directory, timeout=timeout)
                 return
             make_private_directory(self.directory)
-            # SQLite gives its -wal and -shm files the database file's mode, so the
-            # database is created private before SQLite first opens it.
-            fd = open_no_follow(self.directory / diskcache.core.DBNAME, os.O_WRONLY | os.O_CREAT)
-            try:
-                if hasattr(os, "fchmod"):
-                    os.fchmod(fd, 0o600)
-            finally:
-                os.close(fd)
+            make_private_database(self.directory / diskcache.core.DBNAME)
             self._cache = _Cache(
                 str(self.directory),
                 timeout=timeout,
@@ -290,7 +371,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
 
     def _epoch_record(self, run_id: str) -> tuple[int, float] | None:
         """Return the run's epoch counter and until when it is kept, or ``None``."""
-        value = self._value(self._epoch_key(run_id), run_id)
+        return self._parse_epoch_record(run_id, self._value(self._epoch_key(run_id), run_id))
+
+    @staticmethod
+    def _parse_epoch_record(run_id: str, value: Any) -> tuple[int, float] | None:
         if value is None:
             return None
         if type(value) is int and value >= 0:  # written by a release without epoch_grace
@@ -356,8 +440,21 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     # -- primitives ---------------------------------------------------------------
 
     def _backend_claim(self, run_id: str) -> int:
+        key = self._epoch_key(run_id)
         with self._cache.transact():
-            epoch = next_epoch(self._epoch(run_id), self._epoch_floor())
+            rows = self._cache.rows([key, _FLOOR])  # both in one statement
+            record, floor = rows.get(key), rows.get(_FLOOR)
+            if (record is None or record[0] == _MODE_RAW) and (
+                floor is None or (floor[0] == _MODE_RAW and type(floor[1]) is int and floor[1] >= 0)
+            ):
+                parsed = self._parse_epoch_record(run_id, None if record is None else record[1])
+                current = 0 if parsed is None else parsed[0]
+                epoch = next_epoch(current, 0 if floor is None else floor[1])
+                value = encode_json({"epoch": epoch, "keep_until": self._keep_until()})
+                now = time.time()
+                self._cache._sql(_UPSERT_ROW, (key, now, now, value))
+                return epoch
+            epoch = next_epoch(self._epoch(run_id), self._epoch_floor())  # reports what is wrong
             self._set_epoch_record(run_id, epoch, self._keep_until())
         return epoch
 
@@ -387,7 +484,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
         run_id = head.run_id
         sizes = [len(text)] if text else []
-        stored = head.with_extra(segments=sizes)
+        stored = head if head.extra.get("segments") == sizes else head.with_extra(segments=sizes)
         with self._cache.transact():
             check_epoch(run_id, epoch, self._epoch(run_id), action="put")
             old_count = self._stored_segment_count(run_id)
@@ -416,11 +513,18 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 merged.append(delta)
                 self._cache.set(self._segment_key(run_id, first), b"".join(merged))
                 self._drop_segments(run_id, len(new_sizes), len(sizes))
-            stored = head.with_extra(segments=new_sizes)
+            stored = (
+                head
+                if head.extra.get("segments") == new_sizes
+                else head.with_extra(segments=new_sizes)
+            )
             self._cache.set(self._head_key(run_id), stored.encode())
         return stored
 
     def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+        if not self._cache.rows([self._head_key(run_id)]):  # one statement for a new run
+            self._raise_if_unreadable(run_id)
+            return None
         with self._cache.transact():
             head = self._head(run_id)
             if head is None:
@@ -514,7 +618,83 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             run_id, "its key is pickled, which is never unpickled; remove the entry with delete"
         )
 
+    def _delete_written(self, run_id: str, epoch: int | None, last: LastWrite) -> bool:
+        """Delete a run this store wrote last without reading its record back.
+
+        ``False``: the record is not as written (or kept in files); use the general path.
+        """
+        state = last.state
+        if not isinstance(state, _Stored):
+            return False
+        sizes = last.extra.get("segments")
+        if not isinstance(sizes, list) or any(
+            type(n) is not int or n >= self._cache.disk.min_file_size for n in sizes
+        ):
+            return False
+        head_key, epoch_key = self._head_key(run_id), self._epoch_key(run_id)
+        with self._cache.transact():
+            rows = self._cache.rows([epoch_key, head_key])
+            head, record = rows.get(head_key), rows.get(epoch_key)
+            if head != (_MODE_RAW, state.head) or (record is not None and record[0] != _MODE_RAW):
+                return False
+            try:
+                parsed = self._parse_epoch_record(run_id, None if record is None else record[1])
+            except StreamCheckpointError:
+                return False  # the general path reports or keeps an unreadable record
+            if epoch is not None:
+                check_epoch(run_id, epoch, 0 if parsed is None else parsed[0], action="delete")
+            keys = [head_key, *(self._segment_key(run_id, i) for i in range(len(sizes)))]
+            self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(keys))), keys)
+            if parsed is not None:
+                value = encode_json(
+                    {"epoch": parsed[0], "keep_until": max(parsed[1], self._keep_until())}
+                )
+                now = time.time()
+                self._cache._sql(_UPSERT_ROW, (epoch_key, now, now, value))
+        return True
+
+    # -- layout known before the head is encoded -------------------------------------
+
+    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
+        sizes = last.extra.get("segments")
+        if not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
+            return {}  # unreadable: the primitive reads the stored head and decides
+        return {"segments": plan_append(sizes, delta)[1]}
+
+    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
+        return {"segments": [text_bytes] if text_bytes else []}
+
+    def _finish_put(self, plan: PutPlan, stored: Head, state: _Stored | None = None) -> None:
+        if state is None:
+            sizes = stored.extra.get("segments")
+            chars = _segment_chars(plan.text, sizes) if isinstance(sizes, list) else None
+            state = None if chars is None else _Stored(stored.encode(), chars)
+        self._remember(
+            plan.run_id,
+            LastWrite(
+                stored.write_id,
+                plan.text,
+                stored.text_bytes,
+                stored.extra,
+                plan.text_hash,
+                state,
+            ),
+        )
+
     # -- group commit ---------------------------------------------------------------
+
+    def put(self, checkpoint: StreamCheckpoint) -> None:
+        """Store the checkpoint, writing only the new text when it extends the last.
+
+        Raises:
+            StreamCheckpointFencedError: If ``checkpoint.epoch`` is older than the
+                run's current epoch.
+            StreamCheckpointError: If the epoch was never claimed, the encoded
+                record exceeds ``max_checkpoint_bytes``, or the database fails.
+        """
+        (error,) = self.put_many([checkpoint])
+        if error is not None:
+            raise error
 
     def put_many(
         self, checkpoints: Sequence[StreamCheckpoint]
@@ -528,29 +708,173 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         database itself (a lock wait past ``timeout``, a full disk) rolls the
         whole batch back and is reported for every checkpoint.
 
+        The common case costs a few statements for the whole batch: a run this
+        store wrote last, or a new run, is written without reading its record
+        back. One ``SELECT`` reads the epoch records and heads of those runs; a
+        run whose head row still holds exactly the bytes written last (and so
+        the text and segments written last), or still has no head, and whose
+        epoch passes the fencing rule gets
+        its new tail segment and head in one multi-row upsert, and its merged-away
+        segments removed in one ``DELETE``. Every other checkpoint (a run not
+        written by this store instance, written by someone else since, or with a
+        segment large enough for diskcache to keep in a file) is put through the
+        general path, which reads the record, in the same transaction.
+
         Returns:
             For each checkpoint, in order, ``None`` or the error its put raised.
         """
         if not checkpoints:
             return []
-        errors: list[StreamCheckpointError | None] = []
+        errors: list[StreamCheckpointError | None] = [None] * len(checkpoints)
+        plans: list[tuple[int, PutPlan]] = []
+        for index, checkpoint in enumerate(checkpoints):  # encoded before the lock is taken
+            try:
+                plans.append((index, self._prepare_put(checkpoint)))
+            except StreamCheckpointError as exc:
+                errors[index] = exc
+        if not plans:
+            return errors
+        distinct = len({plan.run_id for _, plan in plans}) == len(plans)
+        lean: list[tuple[int, PutPlan]] = []
+        general: list[tuple[int, PutPlan]] = []
+        for index, plan in plans:
+            known = plan.last is None or isinstance(plan.last.state, _Stored)
+            (lean if distinct and known else general).append((index, plan))
+        written: list[tuple[PutPlan, Head, _Stored | None]] = []
         try:
             with self._backend_errors("put", None), self._cache.transact():
-                for checkpoint in checkpoints:
+                if lean:
+                    general.extend(self._put_lean(lean, errors, written))
+                for index, plan in general:
                     try:
-                        # nested: joins the open transaction. The base put, not an
-                        # override's: an override of put must not hear "written"
-                        # before the batch commits (override put_many instead).
-                        DeltaCheckpointStore.put(self, checkpoint)
+                        # nested: joins the open transaction
+                        with self._backend_errors("put", plan.run_id):
+                            written.append((plan, self._put_plan(plan), None))
                     except StreamCheckpointError as exc:
                         if isinstance(exc.cause, sqlite3.Error | OSError | diskcache.Timeout):
                             raise  # the database failed: roll the batch back
-                        errors.append(exc)
-                    else:
-                        errors.append(None)
+                        errors[index] = exc
         except StreamCheckpointError as exc:
             return [exc] * len(checkpoints)
+        for plan, stored, state in written:  # remembered once committed
+            self._finish_put(plan, stored, state)
         return errors
+
+    def _put_lean(
+        self,
+        plans: list[tuple[int, PutPlan]],
+        errors: list[StreamCheckpointError | None],
+        written: list[tuple[PutPlan, Head, _Stored | None]],
+    ) -> list[tuple[int, PutPlan]]:
+        """Write, inside the open transaction, the puts that need no read-back.
+
+        Returns:
+            The puts that need the general path.
+        """
+        keys: list[bytes] = []
+        for _, plan in plans:
+            keys += (self._epoch_key(plan.run_id), self._head_key(plan.run_id))
+        rows = self._cache.rows(keys)
+        now = time.time()
+        largest = self._cache.disk.min_file_size
+        upserts: list[tuple[bytes, float, float, bytes]] = []
+        deletes: list[bytes] = []
+        fallback = []
+        for index, plan in plans:
+            run_id = plan.run_id
+            last = plan.last
+            head_row = rows.get(self._head_key(run_id))
+            epoch_row = rows.get(self._epoch_key(run_id))
+            sizes: Any
+            if last is None:  # a run this store has not written: lean only if it has no record
+                state, sizes = _NO_RECORD, []
+                known = head_row is None
+            else:
+                assert isinstance(last.state, _Stored)
+                state, sizes = last.state, last.extra.get("segments")
+                known = (
+                    head_row is not None
+                    and head_row[0] == _MODE_RAW
+                    and head_row[1] == state.head
+                    and isinstance(sizes, list)
+                    and len(sizes) == len(state.chars)
+                    and len(state.head) < largest
+                    and all(n < largest for n in sizes)
+                )
+            if not known or (epoch_row is not None and epoch_row[0] != _MODE_RAW):
+                fallback.append((index, plan))
+                continue
+            try:
+                epoch_value = epoch_row[1] if epoch_row is not None else None
+                if epoch_value == state.epoch_row:
+                    record = state.epoch_record
+                else:
+                    record = self._parse_epoch_record(run_id, epoch_value)
+                check_epoch(run_id, plan.epoch, 0 if record is None else record[0], action="put")
+                step = self._lean_step(plan, sizes, state)
+            except StreamCheckpointError as exc:
+                errors[index] = exc
+                continue
+            if step is None or len(step[0].encode()) >= largest:
+                fallback.append((index, plan))
+                continue
+            head, values, stale, new_state = step
+            encoded = head.encode()
+            upserts += [(key, now, now, value) for key, value in values]
+            upserts.append((self._head_key(run_id), now, now, encoded))
+            deletes += stale
+            written.append(
+                (plan, head, replace(new_state, epoch_row=epoch_value, epoch_record=record))
+            )
+        for start in range(0, len(upserts), _ROWS_PER_UPSERT):
+            rows_now = upserts[start : start + _ROWS_PER_UPSERT]
+            placeholders = ",".join([_UPSERT_VALUES] * len(rows_now))
+            self._cache._sql(
+                _UPSERT_ROWS.format(placeholders), [p for row in rows_now for p in row]
+            )
+        for start in range(0, len(deletes), _KEYS_PER_SELECT):
+            gone = deletes[start : start + _KEYS_PER_SELECT]
+            self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(gone))), gone)
+        return fallback
+
+    def _lean_step(
+        self, plan: PutPlan, sizes: list[int], state: _Stored
+    ) -> tuple[Head, list[tuple[bytes, bytes]], list[bytes], _Stored] | None:
+        """Plan one put over the record this store last wrote (``state``), or a new record.
+
+        Returns:
+            The head, the segments to write, the segment keys to remove and the
+            state to remember; ``None`` when the general path must write it (a
+            segment diskcache would keep in a file).
+
+        Raises:
+            StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
+        """
+        run_id = plan.run_id
+        largest = self._cache.disk.min_file_size
+        append = self._append_step(plan)
+        if append is not None:
+            head, delta = append
+            first, new_sizes = plan_append(sizes, len(delta))
+            if head.extra.get("segments") != new_sizes:
+                return None
+            if not delta:
+                return head, [], [], _Stored(head.encode(), state.chars)
+            offset = sum(state.chars[:first])
+            merged = encode_text(plan.text[offset:])
+            if len(merged) != new_sizes[first] or len(merged) >= largest:
+                return None
+            chars = (*state.chars[:first], len(plan.text) - offset)
+            stale = [self._segment_key(run_id, i) for i in range(len(new_sizes), len(sizes))]
+            values = [(self._segment_key(run_id, first), merged)]
+            return head, values, stale, _Stored(head.encode(), chars)
+        head, data = self._rewrite_step(plan)
+        if len(data) >= largest:
+            return None
+        kept = 1 if data else 0
+        stale = [self._segment_key(run_id, i) for i in range(kept, len(sizes))]
+        values = [(self._segment_key(run_id, 0), data)] if data else []
+        return head, values, stale, _Stored(head.encode(), (len(plan.text),) if data else ())
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]

@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -76,6 +76,7 @@ from awaken_langchain.stores._base import (
     DeltaCheckpointStore,
     Head,
     LastWrite,
+    PutPlan,
     check_epoch,
     decode_head,
     run_id_bytes,
@@ -643,6 +644,72 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         if self._owns_clients and self._sync is not None:
             with self._backend_errors("close", None):
                 self._sync.client.close()
+
+    # -- group commit -------------------------------------------------------------------
+
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        """Store several runs' checkpoints in one pipelined round trip (group commit).
+
+        Each checkpoint is written by the same script as `put`, which fences it
+        on the server; the scripts of the batch go in one pipeline (not a
+        transaction: each script is atomic on its own). An append the server
+        refuses because someone else wrote the run since is rewritten in a
+        second round trip. One checkpoint's refusal never stops the others; a
+        connection failure is reported for every checkpoint not yet written.
+        A cluster client writes them one by one.
+
+        Returns:
+            For each checkpoint, in order, ``None`` or the error its put raised.
+        """
+        if not checkpoints:
+            return []
+        try:
+            bound = self._client()
+        except StreamCheckpointError as exc:
+            return [exc] * len(checkpoints)
+        if not isinstance(bound.client, redis.Redis):
+            return super().put_many(checkpoints)
+        errors: list[StreamCheckpointError | None] = [None] * len(checkpoints)
+        pending: list[tuple[int, PutPlan, Head, bytes, LastWrite | None]] = []
+        for index, checkpoint in enumerate(checkpoints):
+            try:
+                plan = self._prepare_put(checkpoint)
+                append = self._append_step(plan)
+                if append is not None and plan.last is not None:
+                    pending.append((index, plan, *append, plan.last))
+                else:
+                    pending.append((index, plan, *self._rewrite_step(plan), None))
+            except StreamCheckpointError as exc:
+                errors[index] = exc
+        while pending:
+            pipe = bound.client.pipeline(transaction=False)
+            for _, plan, head, payload, expect in pending:
+                args = self._put_args(head, payload, plan.epoch, expect)
+                bound.put(keys=self._keys(plan.run_id), args=args, client=pipe)
+            try:
+                with self._backend_errors("put", None):
+                    replies = pipe.execute(raise_on_error=False)
+            except StreamCheckpointError as exc:
+                for index, *_ in pending:
+                    errors[index] = exc
+                break
+            retry: list[tuple[int, PutPlan, Head, bytes, LastWrite | None]] = []
+            for (index, plan, head, _payload, expect), reply in zip(pending, replies, strict=True):
+                try:
+                    with self._backend_errors("put", plan.run_id):
+                        if isinstance(reply, Exception):
+                            raise reply
+                        stored = self._put_result(head, plan.epoch, reply)
+                    if stored is not None:
+                        self._finish_put(plan, stored)
+                    elif expect is not None:  # written by someone else since: rewrite
+                        retry.append((index, plan, *self._rewrite_step(plan), None))
+                except StreamCheckpointError as exc:
+                    errors[index] = exc
+            pending = retry
+        return errors
 
     # -- async twins on redis.asyncio -------------------------------------------------
     #

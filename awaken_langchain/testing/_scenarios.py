@@ -8,6 +8,7 @@ wire format for each provider is rendered from it in ``_wire``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 from collections.abc import Mapping, Sequence
@@ -559,6 +560,9 @@ class Scenario:
         model: The model name reported; ``None`` echoes the request's ``model``.
         headers: Extra response headers (sent on success and on faults).
         name: A label, shown in :class:`RecordedRequest` and logs.
+        text_breaks: Offsets in the text where Anthropic starts a new text block
+            besides the citation boundaries (a continuation sends the rest of a
+            cited span as a block of its own).
         resume_faults: Responses API background mode only: the faults of the
             streamed retrievals of this response (``GET /v1/responses/{id}?stream=true``),
             in order; the first retrieval gets the first fault, and retrievals past
@@ -580,6 +584,7 @@ class Scenario:
     model: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     name: str | None = None
+    text_breaks: Sequence[int] = ()
     resume_faults: Sequence[Fault] = ()
 
     def __post_init__(self) -> None:
@@ -598,6 +603,7 @@ class Scenario:
         object.__setattr__(self, "thinking", tuple(self.thinking))
         object.__setattr__(self, "citations", tuple(self.citations))
         object.__setattr__(self, "web_searches", tuple(self.web_searches))
+        object.__setattr__(self, "text_breaks", tuple(sorted(set(self.text_breaks))))
         object.__setattr__(self, "resume_faults", tuple(self.resume_faults))
         end = 0
         for citation in self.citations:
@@ -623,14 +629,49 @@ class Scenario:
         """The text cut at citation boundaries: each span with its citation, if any."""
         full, position = self.full_text, 0
         segments: list[tuple[str, ScriptedCitation | None]] = []
+
+        def plain(end: int) -> None:
+            nonlocal position
+            for cut in [b for b in self.text_breaks if position < b < end] + [end]:
+                if cut > position:
+                    segments.append((full[position:cut], None))
+                    position = cut
+
         for citation in self.citations:
-            if citation.start > position:
-                segments.append((full[position : citation.start], None))
+            plain(citation.start)
             segments.append((full[citation.start : citation.end], citation))
             position = citation.end
-        if position < len(full):
-            segments.append((full[position:], None))
+        plain(len(full))
         return segments
+
+    def continued_after(self, chars: int) -> Scenario:
+        """This answer as a model continuing it exactly after its first ``chars`` characters.
+
+        The rest of the text, its citations moved with it (a span the cut went
+        through keeps its citation in the part already sent, so its rest is plain
+        text), the tool calls; the thinking and web searches came before the text
+        and are not sent again. Useful to script an exact continuation.
+
+        Args:
+            chars: Characters of the text already delivered.
+
+        Returns:
+            The scenario of the continuation.
+        """
+        rest = [
+            dataclasses.replace(c, start=c.start - chars, end=c.end - chars)
+            for c in self.citations
+            if c.start >= chars
+        ]
+        cut_spans = [c.end - chars for c in self.citations if c.start < chars < c.end]
+        return dataclasses.replace(
+            self,
+            text=self.full_text[chars:],
+            citations=rest,
+            text_breaks=[b - chars for b in self.text_breaks if b > chars] + cut_spans,
+            thinking=(),
+            web_searches=(),
+        )
 
     def argument_pieces(self, call: ScriptedToolCall) -> list[str]:
         """The argument fragments of ``call`` to stream, in order."""
