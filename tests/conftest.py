@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import weakref
 from collections.abc import AsyncGenerator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,7 +257,11 @@ def clock() -> FakeClock:
 LOOPBACK_MODELS = {"openai": "gpt-4o-mini", "anthropic": "claude-loopback"}
 """The model each real client asks the loopback provider for, unless a test names another."""
 
-_LOOPBACK_CLIENTS: dict[tuple[str, int, str], BaseChatModel] = {}
+_LOOPBACK_CLIENTS: weakref.WeakKeyDictionary[LoopbackProvider, dict[str, BaseChatModel]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Clients kept per server object: a later server can get a stopped one's port, and a
+client kept by port would send its first request on a pooled connection to the old one."""
 
 
 def loopback_client(provider: str, server: LoopbackProvider, **settings: Any) -> BaseChatModel:
@@ -270,18 +275,19 @@ def loopback_client(provider: str, server: LoopbackProvider, **settings: Any) ->
         server: The loopback provider.
         settings: More constructor settings (``model`` replaces the default one).
     """
-    key = (provider, server.port, repr(sorted(settings.items())))
-    if key not in _LOOPBACK_CLIENTS:
-        values = {"model": LOOPBACK_MODELS[provider], "api_key": "x", "max_retries": 0, **settings}
+    kept = _LOOPBACK_CLIENTS.setdefault(server, {})
+    values = {"model": LOOPBACK_MODELS[provider], "api_key": "x", "max_retries": 0, **settings}
+    key = f"{provider}:{sorted(values.items())!r}"
+    if key not in kept:
         if provider == "openai":
             from langchain_openai import ChatOpenAI
 
-            _LOOPBACK_CLIENTS[key] = ChatOpenAI(base_url=server.base_url_openai, **values)
+            kept[key] = ChatOpenAI(base_url=server.base_url_openai, **values)
         else:
             from langchain_anthropic import ChatAnthropic
 
-            _LOOPBACK_CLIENTS[key] = ChatAnthropic(base_url=server.base_url_anthropic, **values)
-    return _LOOPBACK_CLIENTS[key]
+            kept[key] = ChatAnthropic(base_url=server.base_url_anthropic, **values)
+    return kept[key]
 
 
 class Sleeps:

@@ -298,18 +298,10 @@ async def _no_async_sleep(seconds: float) -> None:
     pass
 
 
-_WRAPPERS: dict[tuple[Provider, int], RecoveringChatModel] = {}
-
-
 def wrapper(provider: Provider, server: LoopbackProvider) -> RecoveringChatModel:
-    """The recovering model around the real client; it keeps no state between turns."""
-    key = (provider, server.port)
-    if key not in _WRAPPERS:
-        policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
-        _WRAPPERS[key] = RecoveringChatModel(
-            model=inner_model(provider, server), retry_policy=policy
-        )
-    return _WRAPPERS[key]
+    """The recovering model around the real client (kept with the server)."""
+    policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
+    return RecoveringChatModel(model=inner_model(provider, server), retry_policy=policy)
 
 
 WEB_SEARCH_TOOL = {"type": "web_search_20250305", "name": "web_search", "max_uses": 1}

@@ -49,7 +49,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
-from tests.conftest import Events, Sleeps, answered_a_tool
+from tests.conftest import Events, Sleeps, answered_a_tool, loopback_client
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -88,26 +88,9 @@ def sleeps() -> Sleeps:
     return Sleeps()
 
 
-_MODELS: dict[tuple[str, int], BaseChatModel] = {}
-
-
 def chat_model(name: str, server: LoopbackProvider) -> BaseChatModel:
-    """The real integration for ``name``, talking to the loopback server (built once)."""
-    key = (name, server.port)
-    if key not in _MODELS:
-        if PROVIDER_OF[name] == "openai":
-            from langchain_openai import ChatOpenAI
-
-            _MODELS[key] = ChatOpenAI(
-                model=name, base_url=server.base_url_openai, api_key="x", max_retries=0
-            )
-        else:
-            from langchain_anthropic import ChatAnthropic
-
-            _MODELS[key] = ChatAnthropic(  # type: ignore[call-arg]
-                model=name, base_url=server.base_url_anthropic, api_key="x", max_retries=0
-            )
-    return _MODELS[key]
+    """The real integration for ``name``, talking to the loopback server (kept with it)."""
+    return loopback_client(PROVIDER_OF[name], server, model=name)
 
 
 def policy(sleeps: Sleeps, **settings: Any) -> RetryPolicy:

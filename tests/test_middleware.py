@@ -22,12 +22,10 @@ from langchain.agents.middleware import (
     SummarizationMiddleware,
     ToolCallLimitMiddleware,
 )
-from langchain_anthropic import ChatAnthropic
 from langchain_anthropic.middleware import AnthropicPromptCachingMiddleware
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.tools import BaseTool, tool
-from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.types import Command
 from pydantic import BaseModel
@@ -47,7 +45,7 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
-from tests.conftest import answered_a_tool
+from tests.conftest import answered_a_tool, loopback_client
 
 ASYNC = pytest.mark.asyncio(loop_scope="module")
 """One event loop for the module: the SDKs' async clients are shared between tests."""
@@ -87,25 +85,9 @@ def server(shared_server: LoopbackProvider) -> LoopbackProvider:
     return shared_server
 
 
-_MODELS: dict[tuple[str, int], BaseChatModel] = {}
-
-
 def bare(provider: str, server: LoopbackProvider) -> BaseChatModel:
-    """One client per provider and server (the SDK clients are costly to build)."""
-    key = (provider, server.port)
-    if key not in _MODELS:
-        if provider == "openai":
-            _MODELS[key] = ChatOpenAI(
-                model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x", max_retries=0
-            )
-        else:
-            _MODELS[key] = ChatAnthropic(  # type: ignore[call-arg]
-                model="claude-loopback",
-                base_url=server.base_url_anthropic,
-                api_key="x",
-                max_retries=0,
-            )
-    return _MODELS[key]
+    """The real client for ``provider`` on ``server`` (kept with the server)."""
+    return loopback_client(provider, server)
 
 
 class Weather:
