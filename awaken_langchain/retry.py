@@ -175,7 +175,8 @@ class RetryPolicy:
         overload_deadline: For an overloaded or rate-limited provider
             (`ErrorKind.OVERLOADED`, `ErrorKind.RATE_LIMITED`), keep retrying
             past ``max_attempts`` (before output) or ``max_continuations``
-            (after output) until this many seconds since the start of the turn:
+            (after output) until this many seconds since the start of the turn
+            (with ``fallbacks``, since the model in effect took the turn over):
             overload windows last minutes. Each wait is the usual backoff (at
             most ``max_delay``) or the provider's hint (at most
             ``max_retry_after``); a retry whose wait would end past this time is
