@@ -713,3 +713,41 @@ async def test_structured_output_on_a_configurable_inner_model_parses_for_the_mo
     assert streamed == result
     assert {r.provider for r in server.requests} == {provider}
     assert not rejected(server)
+
+
+# -- citations without tools: text as strings, citations as blocks ------------------------
+
+PLAIN_AFTER_CITED = Scenario(  # a plain block after a cited one: no chunk shows where it begins
+    text="Foxes are small omnivores. They cache food and live in dens.",
+    citations=[ScriptedCitation(0, 26, "https://example.com/foxes", "Foxes")],
+    chunk_size=8,
+)
+
+
+def without_empty_strings(content: Any) -> Any:
+    return [b for b in content if b != ""] if isinstance(content, list) else content
+
+
+@pytest.mark.parametrize("fault", [None, Fault.drop_after_events(6)], ids=["uncut", "cut-cited"])
+async def test_citations_without_tools_keep_every_piece_of_text_that_came_as_a_string(
+    servers: Callable[[], LoopbackProvider], fault: Fault | None, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = PLAIN_AFTER_CITED
+    expected = merged(await drive.stream(plain("anthropic", uncut_server), "q"))
+    invoked = await drive.invoke(plain("anthropic", uncut_server), "q")
+    wrapper = RecoveringChatModel(model=plain("anthropic", server), retry_policy=NO_WAIT)
+    answer = PLAIN_AFTER_CITED if fault is None else continuing(PLAIN_AFTER_CITED, fault)
+    server.default = answer
+    found = merged(await drive.stream(wrapper, "q"))
+    assert without_empty_strings(found.content) == without_empty_strings(expected.content)
+    server.default = answer if fault is None else continuing(PLAIN_AFTER_CITED, fault)
+    message = await drive.invoke(wrapper, "q")
+    assert len(server.requests) == (2 if fault is None else 4)
+    assert message.text == invoked.text == PLAIN_AFTER_CITED.full_text
+    # invoke: the plain block's text joins the cited block before it (the stream does not
+    # show where it begins); the citation itself is kept
+    cited = invoked.content[0]
+    assert isinstance(cited, dict)
+    assert message.content == [{**cited, "text": PLAIN_AFTER_CITED.full_text}]
+    assert not rejected(server)
