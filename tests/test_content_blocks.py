@@ -751,3 +751,40 @@ async def test_citations_without_tools_keep_every_piece_of_text_that_came_as_a_s
     assert isinstance(cited, dict)
     assert message.content == [{**cited, "text": PLAIN_AFTER_CITED.full_text}]
     assert not rejected(server)
+
+
+# -- a continuation that opens with a thinking block ---------------------------------------
+
+
+def thinking_first(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """The first request breaks with ``fault``; a continuation thinks again, then goes on
+    exactly after the prefix it carries (stripped of trailing whitespace, which it re-emits)."""
+    numbers = itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if next(numbers) == 0:
+            return dataclasses.replace(answer, fault=fault)
+        content = request.messages[-2]["content"]
+        prefix = "".join(b["text"] for b in content if b.get("type") == "text")
+        assert answer.full_text.startswith(prefix)
+        return dataclasses.replace(answer, text=answer.full_text[len(prefix) :])
+
+    return respond
+
+
+TEXT_CUTS = range(10, 13)  # after the text pieces "Utrecht ", "lies on ", "the Vech"
+
+
+@pytest.mark.parametrize("events", TEXT_CUTS)
+async def test_a_continuation_opening_with_thinking_keeps_the_text_exact(
+    servers: Callable[[], LoopbackProvider], events: int, drive: Drive
+) -> None:
+    server = servers()
+    server.default = thinking_first(THINK_AND_TEXT, Fault.drop_after_events(events))
+    chunks = await drive.stream(wrapped("anthropic", server), "q")
+    message = merged(chunks)
+    assert message.text == TEXT
+    assert "".join(c.text for c in chunks) == TEXT
+    assert [b["type"] for b in message.content] == ["thinking", "text", "thinking", "text"]
+    assert message.response_metadata["awaken"]["plans"] == ["R1"]
+    assert not rejected(server)
