@@ -289,6 +289,8 @@ class TurnAccumulator:
         self._text_index: Any = None
         self._as_string = False
         """Whether the latest text came as a string chunk (it is passed on as one)."""
+        self._notes: list[tuple[Any, Any]] = []
+        """A continuation's annotations (by the turn's block index) waiting for the seam."""
         self.completed_blocks: list[CompletedBlock] = []
         self._resumed_text_blocks: list[TextBlockStart] = []
         """The text blocks of a resumed checkpoint (``replay`` rebuilds them)."""
@@ -446,6 +448,7 @@ class TurnAccumulator:
             len(str(last.get("text") or "")) if self._continued is not None and last else 0
         )
         self._extended = None
+        self._notes = []
         self._open = {}
         self._index_map = {}
         self.terminal = False
@@ -765,6 +768,26 @@ class TurnAccumulator:
             text = self._seam.feed(text)
         if text:
             self._emit_text(text, out)
+        self._place_notes(out)
+
+    def _place_notes(self, out: list[AIMessageChunk]) -> None:
+        """Place a continuation's annotations in the text block it extends.
+
+        Their offsets count from the continuation's first character; the text
+        the seam removed as a repeat is known once the seam has decided. A
+        cited span the continuation repeats is cited once.
+        """
+        if not self._notes or self.seam_pending:
+            return
+        repeated = self._seam.removed_chars if self._seam is not None else 0
+        notes, self._notes = self._notes, []
+        for index, found in notes:
+            known = self._annotations_of(index)
+            new = [a for a in _shifted(found, self._continued_from - repeated) if a not in known]
+            if new:
+                self._held.append({"type": "text", "text": "", "index": index, "annotations": new})
+        if not self.hold_text and self._visible:
+            self._release_held(out)
 
     def _feed_blocks(self, content: list[Any], out: list[AIMessageChunk]) -> None:
         """Take a chunk's content blocks: text streams, other blocks are released whole."""
@@ -788,10 +811,8 @@ class TurnAccumulator:
                 extends = index is not None and index == self._extended
                 if extends and "id" in piece and self._has_id(index):
                     piece.pop("id")  # the text continues the original item: its id stays
-                if extends and piece.get("annotations"):
-                    repeated = self._seam.removed_chars if self._seam is not None else 0
-                    by = self._continued_from - repeated
-                    piece["annotations"] = _shifted(piece["annotations"], by)
+                if extends and piece.get("annotations"):  # placed once the seam is known
+                    self._notes.append((index, piece.pop("annotations")))
                 if set(piece) - _TEXT_KEYS:  # citations, annotations, an id
                     self._held.append({**piece, "text": ""} if "text" in piece else piece)
                     begun = any(
@@ -810,6 +831,16 @@ class TurnAccumulator:
             self._pending[index] = merged
             if _block_is_whole(merged):
                 self._complete_block(self._pending.pop(index), out)
+
+    def _annotations_of(self, index: Any) -> list[Any]:
+        """The annotations the turn's text block ``index`` already carries."""
+        blocks = (*self._content, *self._held)
+        return [
+            note
+            for b in blocks
+            if isinstance(b, dict) and b.get("index") == index
+            for note in b.get("annotations") or []
+        ]
 
     def _has_id(self, index: Any) -> bool:
         """Whether the turn's block ``index`` already carries its item id."""
@@ -923,6 +954,7 @@ class TurnAccumulator:
             text = self._seam.flush()
             if text:
                 self._emit_text(text, out)
+        self._place_notes(out)
 
     def _feed_call(self, piece: Any, out: list[AIMessageChunk]) -> None:
         raw_index = piece.get("index")
