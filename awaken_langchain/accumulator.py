@@ -145,7 +145,7 @@ def _whole(block: Any, *, responses: bool) -> Any:
     if responses and kind == "text":
         block.setdefault("annotations", [])
     whole = strict_args(str(block.get("arguments") or "")) is not None
-    if responses and kind == "function_call" and "status" not in block and whole:
+    if kind == "function_call" and "status" not in block and whole:
         block["status"] = "completed"
     return block
 
@@ -601,7 +601,12 @@ class TurnAccumulator:
         )
 
     def _whole_content(self) -> str | list[Any]:
-        responses = self.response_metadata.get("object") == "response"
+        content = self._content
+        responses = (  # a turn cut under plan R2 never saw the terminal response object
+            self.response_metadata.get("object") == "response"
+            or _CALL_ITEM_IDS in self.additional_kwargs
+            or any(isinstance(b, dict) and b.get("type") == "function_call" for b in content)
+        )
         content = [_whole(b, responses=responses) for b in _folded(self._content)]
         if (  # Anthropic's non-streamed answer of one plain text block is a string
             self.response_metadata.get("model_provider") == "anthropic"
