@@ -83,6 +83,35 @@ def _is_text(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") == "text"
 
 
+def _with_text(content: list[Any], text: str) -> list[Any]:
+    """``content`` after a chunk whose content is the string ``text``, as chunk addition merges it.
+
+    langchain-anthropic streams text as strings when the request has no tools,
+    documents or thinking, yet a citation still arrives as a block: the string
+    joins a string before it, or follows the block.
+    """
+    if content and isinstance(content[-1], str):
+        return [*content[:-1], content[-1] + text]
+    return [*content, text] if text else content
+
+
+def _folded(content: list[Any]) -> list[Any]:
+    """Content whose text came as strings, as whole text blocks.
+
+    A string is the text of the block begun before it (the citation block
+    whose text streamed as strings), or a text block of its own.
+    """
+    out: list[Any] = []
+    for item in content:
+        if not isinstance(item, str):
+            out.append(item)
+        elif out and _is_text(out[-1]):
+            out[-1] = {**out[-1], "text": str(out[-1].get("text") or "") + item}
+        elif item:
+            out.append({"type": "text", "text": item})
+    return out
+
+
 def _unindexed(block: Any) -> Any:
     """A released block as a whole message holds it: without its streaming index."""
     if isinstance(block, dict) and "index" in block:
@@ -116,7 +145,7 @@ def _whole(block: Any, *, responses: bool) -> Any:
     if responses and kind == "text":
         block.setdefault("annotations", [])
     whole = strict_args(str(block.get("arguments") or "")) is not None
-    if responses and kind == "function_call" and "status" not in block and whole:
+    if kind == "function_call" and "status" not in block and whole:
         block["status"] = "completed"
     return block
 
@@ -258,6 +287,10 @@ class TurnAccumulator:
         self._extended: Any = None
         """The turn's index of the text block this attempt's first text block extends."""
         self._text_index: Any = None
+        self._as_string = False
+        """Whether the latest text came as a string chunk (it is passed on as one)."""
+        self._notes: list[tuple[Any, Any]] = []
+        """A continuation's annotations (by the turn's block index) waiting for the seam."""
         self.completed_blocks: list[CompletedBlock] = []
         self._resumed_text_blocks: list[TextBlockStart] = []
         """The text blocks of a resumed checkpoint (``replay`` rebuilds them)."""
@@ -392,13 +425,20 @@ class TurnAccumulator:
         self._held = [
             p
             for p in self._held
-            if not (_is_text(p) and p.get("text") == "" and p.get("index") not in begun)
+            if not (_is_text(p) and not p.get("text") and p.get("index") not in begun)
         ]
         self._pending = {}
         self._block_map = {}
         kept = [b.get("index") for b in (*self._content, *self._held) if isinstance(b, dict)]
         self._used = {i for i in kept if i is not None}  # a discarded block's index is free
         self._next_block = max((i + 1 for i in self._used if isinstance(i, int)), default=0)
+        dicts = [b for b in self._content if isinstance(b, dict)]
+        if (
+            self._content
+            and isinstance(self._content[-1], str)
+            and not (dicts and _is_text(dicts[-1]))
+        ):
+            self._next_block += 1  # text that came as strings, in a block of its own
         self._shift = bool(self._content)
         last = self._content[-1] if self._content else None
         self._continued = (
@@ -408,6 +448,7 @@ class TurnAccumulator:
             len(str(last.get("text") or "")) if self._continued is not None and last else 0
         )
         self._extended = None
+        self._notes = []
         self._open = {}
         self._index_map = {}
         self.terminal = False
@@ -442,7 +483,9 @@ class TurnAccumulator:
                 self._start_blocks()
             self._feed_blocks(content, out)
         else:
-            self._feed_text(content, out)
+            if content and self._pending:  # text after a block that was still arriving
+                self._close_blocks(out)
+            self._feed_text(content, out, as_string=True)
         if calls:
             self._release_seam(out)
             for piece in calls:
@@ -558,8 +601,13 @@ class TurnAccumulator:
         )
 
     def _whole_content(self) -> str | list[Any]:
-        responses = self.response_metadata.get("object") == "response"
-        content = [_whole(b, responses=responses) for b in self._content]
+        content = self._content
+        responses = (  # a turn cut under plan R2 never saw the terminal response object
+            self.response_metadata.get("object") == "response"
+            or _CALL_ITEM_IDS in self.additional_kwargs
+            or any(isinstance(b, dict) and b.get("type") == "function_call" for b in content)
+        )
+        content = [_whole(b, responses=responses) for b in _folded(self._content)]
         if (  # Anthropic's non-streamed answer of one plain text block is a string
             self.response_metadata.get("model_provider") == "anthropic"
             and len(content) == 1
@@ -592,6 +640,8 @@ class TurnAccumulator:
             or self.terminal
             or not self._visible
             or self.hold_text
+            or self._held
+            or self._pending
             or (self._seam is not None and self._seam.active)
         ):
             return None
@@ -605,13 +655,15 @@ class TurnAccumulator:
             self._merge_metadata(metadata)
             message.response_metadata = {}
         self._text_parts.append(content)
+        if self.blocks:
+            self._content = _with_text(self._content, content)
         message.id = self.message_id
         return message
 
     def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:
         """Release ``text``, or hold it back while it could still be discarded."""
         piece: Any = text
-        if self.blocks:
+        if self.blocks and not self._as_string:
             piece = {"type": "text", "text": text}
             if self._text_index is not None:
                 piece["index"] = self._text_index
@@ -660,6 +712,23 @@ class TurnAccumulator:
             self._text_parts.append(text)
             out.append(AIMessageChunk(content=text, id=self.message_id))
             return
+        run: list[Any] = []
+        for piece in [*pieces, None]:  # text that came as strings goes on as strings
+            if run and (piece is None or isinstance(piece, str) != isinstance(run[0], str)):
+                self._release_run(run, out)
+                run = []
+            if piece is not None:
+                run.append(piece)
+
+    def _release_run(self, pieces: list[Any], out: list[AIMessageChunk]) -> None:
+        """Release held pieces in blocks mode: strings as one string, others as blocks."""
+        if isinstance(pieces[0], str):
+            text = "".join(pieces)
+            self._visible = self._visible or bool(text.strip())
+            self._text_parts.append(text)
+            self._content = _with_text(self._content, text)
+            out.append(AIMessageChunk(content=text, id=self.message_id))
+            return
         for piece in pieces:
             if _is_text(piece):
                 text = str(piece.get("text", ""))
@@ -680,7 +749,6 @@ class TurnAccumulator:
         self.blocks = True
         if self.text:  # chunk addition keeps text that came as a string as a string
             self._content = [self.text]
-        self._held = [{"type": "text", "text": p} if isinstance(p, str) else p for p in self._held]
 
     def _shape(self) -> dict[str, Any]:
         """The metadata a chunk of blocks needs to be read (``content_blocks``, v1 output).
@@ -697,18 +765,40 @@ class TurnAccumulator:
     def _empty(self) -> str | list[Any]:
         return [] if self.blocks else ""
 
-    def _feed_text(self, content: Any, out: list[AIMessageChunk]) -> None:
+    def _feed_text(self, content: Any, out: list[AIMessageChunk], *, as_string: bool) -> None:
         text = _text_of(content)
+        if text:
+            self._as_string = as_string
         if text and self._seam is not None:
             text = self._seam.feed(text)
         if text:
             self._emit_text(text, out)
+        self._place_notes(out)
+
+    def _place_notes(self, out: list[AIMessageChunk]) -> None:
+        """Place a continuation's annotations in the text block it extends.
+
+        Their offsets count from the continuation's first character; the text
+        the seam removed as a repeat is known once the seam has decided. A
+        cited span the continuation repeats is cited once.
+        """
+        if not self._notes or self.seam_pending:
+            return
+        repeated = self._seam.removed_chars if self._seam is not None else 0
+        notes, self._notes = self._notes, []
+        for index, found in notes:
+            known = self._annotations_of(index)
+            new = [a for a in _shifted(found, self._continued_from - repeated) if a not in known]
+            if new:
+                self._held.append({"type": "text", "text": "", "index": index, "annotations": new})
+        if not self.hold_text and self._visible:
+            self._release_held(out)
 
     def _feed_blocks(self, content: list[Any], out: list[AIMessageChunk]) -> None:
         """Take a chunk's content blocks: text streams, other blocks are released whole."""
         for block in content:
             if isinstance(block, str):
-                self._feed_text(block, out)
+                self._feed_text(block, out, as_string=False)
                 continue
             if not isinstance(block, dict):
                 continue
@@ -726,18 +816,16 @@ class TurnAccumulator:
                 extends = index is not None and index == self._extended
                 if extends and "id" in piece and self._has_id(index):
                     piece.pop("id")  # the text continues the original item: its id stays
-                if extends and piece.get("annotations"):
-                    repeated = self._seam.removed_chars if self._seam is not None else 0
-                    by = self._continued_from - repeated
-                    piece["annotations"] = _shifted(piece["annotations"], by)
+                if extends and piece.get("annotations"):  # placed once the seam is known
+                    self._notes.append((index, piece.pop("annotations")))
                 if set(piece) - _TEXT_KEYS:  # citations, annotations, an id
-                    self._held.append({**piece, "text": ""})
+                    self._held.append({**piece, "text": ""} if "text" in piece else piece)
                     begun = any(
                         isinstance(b, dict) and b.get("index") == index for b in self._content
                     )
                     if begun and not self.hold_text and self._visible:  # a new block waits for text
                         self._release_held(out)
-                self._feed_text(str(block.get("text") or ""), out)
+                self._feed_text(str(block.get("text") or ""), out, as_string=False)
                 continue
             self._release_seam(out)
             if raw is None:
@@ -748,6 +836,16 @@ class TurnAccumulator:
             self._pending[index] = merged
             if _block_is_whole(merged):
                 self._complete_block(self._pending.pop(index), out)
+
+    def _annotations_of(self, index: Any) -> list[Any]:
+        """The annotations the turn's text block ``index`` already carries."""
+        blocks = (*self._content, *self._held)
+        return [
+            note
+            for b in blocks
+            if isinstance(b, dict) and b.get("index") == index
+            for note in b.get("annotations") or []
+        ]
 
     def _has_id(self, index: Any) -> bool:
         """Whether the turn's block ``index`` already carries its item id."""
@@ -861,6 +959,7 @@ class TurnAccumulator:
             text = self._seam.flush()
             if text:
                 self._emit_text(text, out)
+        self._place_notes(out)
 
     def _feed_call(self, piece: Any, out: list[AIMessageChunk]) -> None:
         raw_index = piece.get("index")

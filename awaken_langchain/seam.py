@@ -164,8 +164,13 @@ class SeamFilter:
         return "" if self._candidate >= 0 else self._decide()
 
     def flush(self) -> str:
-        """Release whatever is held back (the text ended, or another block began)."""
-        if self._decided:
+        """Release whatever is held back (the text ended, or another block began).
+
+        With nothing held, the continuation's text has not begun (it opened
+        with a thinking block or a tool call): the filter goes on waiting for
+        it, and still drops the whitespace an exact provider re-emits.
+        """
+        if self._decided or not self._held:
             return ""
         released = self._decide()
         self._whitespace = ""

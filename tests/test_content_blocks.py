@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import re
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -41,7 +42,12 @@ from awaken_langchain.testing import (
     ScriptedWebSearch,
     schema_responder,
 )
-from awaken_langchain.testing._wire import unseal
+from awaken_langchain.testing._wire import (
+    ResponseContext,
+    estimate_usage,
+    responses_frames,
+    unseal,
+)
 from awaken_langchain.testing.server import RecordedRequest
 from tests.conftest import Drive, loopback_client
 
@@ -713,3 +719,191 @@ async def test_structured_output_on_a_configurable_inner_model_parses_for_the_mo
     assert streamed == result
     assert {r.provider for r in server.requests} == {provider}
     assert not rejected(server)
+
+
+# -- citations without tools: text as strings, citations as blocks ------------------------
+
+PLAIN_AFTER_CITED = Scenario(  # a plain block after a cited one: no chunk shows where it begins
+    text="Foxes are small omnivores. They cache food and live in dens.",
+    citations=[ScriptedCitation(0, 26, "https://example.com/foxes", "Foxes")],
+    chunk_size=8,
+)
+
+
+def without_empty_strings(content: Any) -> Any:
+    return [b for b in content if b != ""] if isinstance(content, list) else content
+
+
+@pytest.mark.parametrize("fault", [None, Fault.drop_after_events(6)], ids=["uncut", "cut-cited"])
+async def test_citations_without_tools_keep_every_piece_of_text_that_came_as_a_string(
+    servers: Callable[[], LoopbackProvider], fault: Fault | None, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = PLAIN_AFTER_CITED
+    expected = merged(await drive.stream(plain("anthropic", uncut_server), "q"))
+    invoked = await drive.invoke(plain("anthropic", uncut_server), "q")
+    wrapper = RecoveringChatModel(model=plain("anthropic", server), retry_policy=NO_WAIT)
+    answer = PLAIN_AFTER_CITED if fault is None else continuing(PLAIN_AFTER_CITED, fault)
+    server.default = answer
+    found = merged(await drive.stream(wrapper, "q"))
+    assert without_empty_strings(found.content) == without_empty_strings(expected.content)
+    server.default = answer if fault is None else continuing(PLAIN_AFTER_CITED, fault)
+    message = await drive.invoke(wrapper, "q")
+    assert len(server.requests) == (2 if fault is None else 4)
+    assert message.text == invoked.text == PLAIN_AFTER_CITED.full_text
+    # invoke: the plain block's text joins the cited block before it (the stream does not
+    # show where it begins); the citation itself is kept
+    cited = invoked.content[0]
+    assert isinstance(cited, dict)
+    assert message.content == [{**cited, "text": PLAIN_AFTER_CITED.full_text}]
+    assert not rejected(server)
+
+
+# -- a continuation that opens with a thinking block ---------------------------------------
+
+
+def thinking_first(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest], Scenario]:
+    """The first request breaks with ``fault``; a continuation thinks again, then goes on
+    exactly after the prefix it carries (stripped of trailing whitespace, which it re-emits)."""
+    numbers = itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if next(numbers) == 0:
+            return dataclasses.replace(answer, fault=fault)
+        content = request.messages[-2]["content"]
+        prefix = "".join(b["text"] for b in content if b.get("type") == "text")
+        assert answer.full_text.startswith(prefix)
+        return dataclasses.replace(answer, text=answer.full_text[len(prefix) :])
+
+    return respond
+
+
+TEXT_CUTS = range(10, 13)  # after the text pieces "Utrecht ", "lies on ", "the Vech"
+
+
+@pytest.mark.parametrize("events", TEXT_CUTS)
+async def test_a_continuation_opening_with_thinking_keeps_the_text_exact(
+    servers: Callable[[], LoopbackProvider], events: int, drive: Drive
+) -> None:
+    server = servers()
+    server.default = thinking_first(THINK_AND_TEXT, Fault.drop_after_events(events))
+    chunks = await drive.stream(wrapped("anthropic", server), "q")
+    message = merged(chunks)
+    assert message.text == TEXT
+    assert "".join(c.text for c in chunks) == TEXT
+    assert [b["type"] for b in message.content] == ["thinking", "text", "thinking", "text"]
+    assert message.response_metadata["awaken"]["plans"] == ["R1"]
+    assert not rejected(server)
+
+
+# -- Responses annotations at a cut -----------------------------------------------------------
+#
+# A Responses annotation arrives after the span it cites. After a cut:
+# - an annotation that arrived is kept;
+# - one that had not arrived comes only from the continuation. A continuation that writes
+#   the cited span again from its start (the seam removes the repeat) restores it exactly,
+#   and an annotation the turn already has is not added twice; one that writes and cites
+#   only the rest of the span restores it from the seam on (URL, title and end exact; no
+#   event showed where the span began); one that cites nothing of it loses it.
+
+CITED_RESPONSE = Scenario(
+    text="Foxes are small omnivores. They cache food and live in dens.",
+    citations=[
+        ScriptedCitation(0, 26, "https://example.com/foxes", "Foxes"),
+        ScriptedCitation(43, 60, "https://example.com/dens", "Dens"),
+    ],
+    chunk_size=8,
+)
+CONTINUATIONS = ["plain", "cites-the-rest", "repeats-the-span"]
+
+
+def annotations_of(message: AIMessage) -> list[tuple[int, int, str]]:
+    return [
+        (note["start_index"], note["end_index"], note["url"])
+        for block in message.content
+        if isinstance(block, dict) and block.get("type") == "text"
+        for note in block.get("annotations") or []
+    ]
+
+
+def prefix_sent(request: RecordedRequest) -> str:
+    """The text of the assistant prefix a Responses continuation request carries ("" if none)."""
+    return "".join(
+        str(b.get("text", ""))
+        for m in request.messages
+        if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "output_text"
+    )
+
+
+def continuing_as(
+    kind: str, answer: Scenario, fault: Fault
+) -> Callable[[RecordedRequest], Scenario]:
+    """The first request breaks with ``fault``; a continuation goes on as ``kind`` says."""
+    numbers = itertools.count()
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if next(numbers) == 0:
+            return dataclasses.replace(answer, fault=fault)
+        sent = len(prefix_sent(request))
+        if kind == "repeats-the-span":  # from the start of the last cited span begun
+            begun = [c.start for c in answer.citations if c.start < sent]
+            return answer.continued_after(max(begun, default=sent))
+        return answer.continued_after(sent, cite_rest=kind == "cites-the-rest")
+
+    return respond
+
+
+def annotations_sent(request: RecordedRequest, answer: Scenario, events: int) -> set[int]:
+    """The numbers of the annotations among the first ``events`` events of the answer."""
+    body = request.body
+    ctx = ResponseContext(
+        number=request.number,
+        model=str(body["model"]),
+        usage=estimate_usage(body, answer),
+        request=body,
+    )
+    sent = [
+        json.loads(f.data.decode().split("data: ", 1)[1]) for f in responses_frames(answer, ctx)
+    ]
+    return {e["annotation_index"] for e in sent[:events] if "annotation_index" in e}
+
+
+def restored(kind: str, answer: Scenario, arrived: set[int], sent: int) -> list[Any]:
+    """The annotations a recovered turn carries, as the claim above states them."""
+    out = []
+    for number, c in enumerate(answer.citations):
+        if number in arrived or c.start >= sent or kind == "repeats-the-span":
+            out.append((c.start, c.end, c.url))
+        elif kind == "cites-the-rest" and c.end > sent:
+            out.append((sent, c.end, c.url))
+    return out
+
+
+@pytest.mark.parametrize("kind", CONTINUATIONS)
+@pytest.mark.parametrize("surface", ["responses/v1", "v1", "v0"])
+async def test_a_responses_cut_keeps_the_annotations_that_arrived_or_the_continuation_restores(
+    servers: Callable[[], LoopbackProvider], surface: str, kind: str, drive: Drive
+) -> None:
+    uncut_server, server = servers(), servers()
+    uncut_server.default = CITED_RESPONSE
+    uncut = merged(await drive.stream(bare(surface, uncut_server), "q"))
+    assert annotations_of(uncut) == [(c.start, c.end, c.url) for c in CITED_RESPONSE.citations]
+    model = wrapped(surface, server)
+    for events in itertools.count(3):  # every event boundary after the text part began
+        server.reset()
+        server.default = continuing_as(kind, CITED_RESPONSE, Fault.drop_after_events(events))
+        if events % 2:  # invoke builds the whole message, as the non-streamed answer holds it
+            message = await drive.invoke(model, "q")
+        else:
+            message = merged(await drive.stream(model, "q"))
+        if len(server.requests) == 1:
+            break
+        assert message.text == CITED_RESPONSE.full_text, f"cut after {events} events"
+        arrived = annotations_sent(server.requests[0], CITED_RESPONSE, events)
+        sent = len(prefix_sent(server.requests[1]))
+        expected = restored(kind, CITED_RESPONSE, arrived, sent)
+        assert annotations_of(message) == expected, f"cut after {events} events"
+        assert not rejected(server)
+    assert events > 15

@@ -54,12 +54,14 @@ from awaken_langchain.testing import (
 )
 from awaken_langchain.testing._scenarios import Provider
 from awaken_langchain.testing._wire import (
+    ENCRYPTED_REASONING,
     Frame,
     ResponseContext,
     anthropic_frames,
     estimate_usage,
     openai_frames,
     responses_frames,
+    unseal,
 )
 from tests.conftest import LOOPBACK_MODELS, loopback_client
 
@@ -103,9 +105,20 @@ STREAMS: dict[str, Scenario] = {
         ],
         chunk_size=9,
     ),
+    # cited text and no tools: langchain-anthropic streams the text as strings and each
+    # citation as a block; the cited spans follow each other to the end, so every block
+    # boundary shows in the stream (a plain block after a cited one would not)
+    "cited-no-tools": Scenario(
+        text=PROSE,
+        citations=[
+            ScriptedCitation(27, 66, FOX_URL, "Foxes"),
+            ScriptedCitation(66, 106, DEN_URL, "Dens"),
+        ],
+        chunk_size=9,
+    ),
 }
 STREAMS = {name: dataclasses.replace(s, usage=USAGE, name=name) for name, s in STREAMS.items()}
-ANTHROPIC_ONLY = {"web-search"}
+ANTHROPIC_ONLY = {"web-search", "cited-no-tools"}
 """Streams of blocks only Anthropic sends (Chat Completions ignores searches and citations)."""
 PROVIDERS: tuple[Provider, ...] = ("openai", "anthropic")
 MODES = ("stream", "astream", "invoke", "ainvoke")
@@ -114,21 +127,32 @@ MODES = ("stream", "astream", "invoke", "ainvoke")
 # -- the wire, as the loopback provider renders it --------------------------------------
 
 
+RENDER = {
+    "openai": openai_frames,
+    "anthropic": anthropic_frames,
+    "openai-responses": responses_frames,
+}
+"""Each wire format's streamed answer, as the loopback provider renders it."""
+
+
 def frames_for(
     scenario: Scenario, provider: Provider, request: RecordedRequest | None
 ) -> list[Frame]:
     """The frames the server sends for ``scenario``: for ``request``, or for a typical one."""
-    typical = {"messages": [], "stream_options": {"include_usage": True}}
+    responses = provider == "openai-responses"
+    typical: dict[str, Any] = {"messages": [], "stream_options": {"include_usage": True}}
+    if responses:  # the request ``include``s encrypted reasoning
+        typical = {"input": [], "include": [ENCRYPTED_REASONING]}
     body: Any = request.body if request is not None else typical
     ctx = ResponseContext(
         number=request.number if request is not None else 1,
-        model=MODELS[provider],
+        model=MODELS["anthropic" if provider == "anthropic" else "openai"],
         usage=estimate_usage(body, scenario),
         include_usage=provider == "openai"
         and bool((body.get("stream_options") or {}).get("include_usage")),
+        request=body if responses else None,
     )
-    render = openai_frames if provider == "openai" else anthropic_frames
-    return render(scenario, ctx)
+    return RENDER[provider](scenario, ctx)
 
 
 class Arrived(NamedTuple):
@@ -148,7 +172,14 @@ def arrived(frames: list[Frame], provider: Provider, events: int) -> Arrived:
         if data == "[DONE]":
             continue
         body = json.loads(data)
-        if provider == "openai":
+        if provider == "openai-responses":
+            kind, item = body["type"], body.get("item") or {}
+            if kind == "response.output_text.delta":
+                text += body["delta"]
+            elif kind == "response.output_item.added" and item.get("type") == "function_call":
+                calls += 1
+            terminal = terminal or kind in ("response.completed", "response.incomplete")
+        elif provider == "openai":
             for choice in body.get("choices") or []:
                 delta = choice.get("delta") or {}
                 text += delta.get("content") or ""
@@ -235,13 +266,17 @@ def cases(sync: bool) -> list[Any]:
 # -- the provider: cut once, then continue exactly ----------------------------------------
 
 
+TEXT_PARTS = ("text", "output_text", "input_text")
+"""Content parts that carry text (Responses input spells them by role)."""
+
+
 def _last_text(messages: list[dict[str, Any]], role: str) -> str | None:
     for message in reversed(messages):
-        if message.get("role") == role:
-            content = message.get("content")
+        content = message.get("content")
+        if message.get("role") == role and content is not None:  # not a Responses call item
             if isinstance(content, str):
                 return content
-            return "".join(b.get("text", "") for b in content if b.get("type") == "text")
+            return "".join(b.get("text", "") for b in content if b.get("type") in TEXT_PARTS)
     return None
 
 
@@ -265,7 +300,8 @@ class CutOnce:
         asked_to_continue = _last_text(messages, "user") == DEFAULT_CONTINUATION_PROMPT
         if asked_to_continue and prefix == self.answer.full_text:
             # the whole text had arrived (a tool call was cut): the rest is the calls
-            return dataclasses.replace(self.answer, text="", citations=(), web_searches=())
+            rest = {"text": "", "citations": (), "web_searches": (), "thinking": ()}
+            return dataclasses.replace(self.answer, **rest)
         if asked_to_continue and prefix and self.answer.full_text.startswith(prefix):
             return self.answer.continued_after(len(prefix))
         return self.continues(request)
@@ -317,15 +353,15 @@ def tool_for(call: ScriptedToolCall) -> dict[str, Any]:
     }
 
 
-def asking(name: str, model: BaseChatModel) -> Runnable[Any, Any]:
-    """``model`` as the request for stream ``name`` asks it: with the tools its answer calls.
+def asking(answer: Scenario, model: BaseChatModel) -> Runnable[Any, Any]:
+    """``model`` as a request for ``answer`` asks it: with the tools its answer calls.
 
     A search offers the search tool. (Without tools in the request
     langchain-anthropic streams text as strings, not content blocks.)
     """
-    if name in ANTHROPIC_ONLY:
+    if answer.web_searches:
         return model.bind_tools([WEB_SEARCH_TOOL])
-    calls = STREAMS[name].tool_calls
+    calls = answer.tool_calls
     return model.bind_tools([tool_for(c) for c in calls]) if calls else model
 
 
@@ -342,7 +378,9 @@ def uncut(name: str, provider: Provider, server: LoopbackProvider) -> AIMessage:
     if key not in _UNCUT:
         server.reset()
         server.default = STREAMS[name]
-        _UNCUT[key] = merged(list(asking(name, inner_model(provider, server)).stream(PROMPT)))
+        _UNCUT[key] = merged(
+            list(asking(STREAMS[name], inner_model(provider, server)).stream(PROMPT))
+        )
     return _UNCUT[key]
 
 
@@ -355,7 +393,7 @@ def invoked(name: str, provider: Provider, server: LoopbackProvider) -> AIMessag
     if key not in _INVOKED:
         server.reset()
         server.default = STREAMS[name]
-        _INVOKED[key] = asking(name, inner_model(provider, server)).invoke(PROMPT)
+        _INVOKED[key] = asking(STREAMS[name], inner_model(provider, server)).invoke(PROMPT)
     return _INVOKED[key]
 
 
@@ -370,21 +408,25 @@ def text_of(message: Any) -> str:
     )
 
 
-_NUMBERED = re.compile(r"(srvtoolu|toolu)_\d+_")
+_NUMBERED = re.compile(r"(srvtoolu|toolu)_\d+_|(_loopback)_\d+")
 
 
 def renumbered(value: Any) -> Any:
-    """``value`` without the request numbers the loopback puts in server-tool ids.
+    """``value`` without the request numbers the loopback puts in ids and sealed content.
 
     A recovered turn takes more requests than the uncut one; a restart's search
-    blocks carry the later request's number.
+    blocks and reasoning items, and a continued text item, carry a later
+    request's number (reasoning seals its item id into ``encrypted_content``).
     """
     if isinstance(value, dict):
-        return {k: renumbered(v) for k, v in value.items()}
+        return {
+            k: renumbered(unseal(v) if k == "encrypted_content" and isinstance(v, str) else v)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
         return [renumbered(v) for v in value]
     if isinstance(value, str):
-        return _NUMBERED.sub(r"\1_N_", value)
+        return _NUMBERED.sub(lambda m: f"{m[1]}_N_" if m[1] else f"{m[2]}_N", value)
     return value
 
 
@@ -475,7 +517,10 @@ def check(
     if provider == "anthropic" and plans != ["R2"]:  # every block, as the bare client shows it
         bare = invoked(name, provider, server) if mode.endswith("invoke") else reference
         expected = blocks_of(bare.content)
-        if plans == ["R1"] and len(got.text) in {c.end for c in STREAMS[name].citations}:
+        citations = STREAMS[name].citations
+        if plans == ["R1"] and len(got.text) in {c.end for c in citations} - {
+            c.start for c in citations
+        }:
             expected = joined_after(expected, len(got.text))
         assert blocks_of(message.content) == expected
     if chunks:
@@ -504,7 +549,7 @@ def test_recovered_answer_equals_the_uncut_answer(
     server: LoopbackProvider, name: str, provider: Provider, mode: str, cut: Cut
 ) -> None:
     cut_once(server, name, provider, cut)
-    message, chunks = recover(asking(name, wrapper(provider, server)), mode)
+    message, chunks = recover(asking(STREAMS[name], wrapper(provider, server)), mode)
     check(server, name, provider, mode, cut, message, chunks)
 
 
@@ -514,18 +559,18 @@ async def test_recovered_answer_equals_the_uncut_answer_async(
     server: LoopbackProvider, name: str, provider: Provider, mode: str, cut: Cut
 ) -> None:
     cut_once(server, name, provider, cut)
-    message, chunks = await arecover(asking(name, wrapper(provider, server)), mode)
+    message, chunks = await arecover(asking(STREAMS[name], wrapper(provider, server)), mode)
     check(server, name, provider, mode, cut, message, chunks)
 
 
-@pytest.mark.parametrize("name", ["text+tool", "text+2-tools", "web-search"])
+@pytest.mark.parametrize("name", ["text+tool", "text+2-tools", "web-search", "cited-no-tools"])
 def test_uncut_anthropic_answer_keeps_its_content_blocks(
     server: LoopbackProvider, name: str
 ) -> None:
     reference = uncut(name, "anthropic", server)
     server.reset()
     server.default = STREAMS[name]
-    message, _ = recover(asking(name, wrapper("anthropic", server)), "stream")
+    message, _ = recover(asking(STREAMS[name], wrapper("anthropic", server)), "stream")
     assert renumbered(message.content) == renumbered(reference.content)
 
 
@@ -579,12 +624,7 @@ def request_frames(request: RecordedRequest) -> list[Frame]:
         and bool((body.get("stream_options") or {}).get("include_usage")),
         request=body,
     )
-    render = {
-        "openai": openai_frames,
-        "anthropic": anthropic_frames,
-        "openai-responses": responses_frames,
-    }[request.provider]
-    return render(scenario, ctx)
+    return RENDER[request.provider](scenario, ctx)
 
 
 def frame_cuts(frames: list[Frame]) -> list[Cut]:

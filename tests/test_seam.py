@@ -277,3 +277,11 @@ def test_flush_releases_a_possible_repeat_that_never_completed() -> None:
     assert seam.feed("quick bro") == ""
     assert seam.flush() == "quick bro"
     assert not seam.active
+
+
+def test_a_flush_before_any_text_leaves_the_seam_waiting_for_the_text() -> None:
+    seam = SeamFilter("Utrecht ")
+    assert seam.flush() == ""  # a thinking block opened the continuation
+    assert seam.pending
+    assert seam.feed(" lies on") == "lies on"  # the stripped space, re-emitted, is dropped
+    assert seam.removed_chars == 1

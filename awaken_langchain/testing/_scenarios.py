@@ -644,7 +644,7 @@ class Scenario:
         plain(len(full))
         return segments
 
-    def continued_after(self, chars: int) -> Scenario:
+    def continued_after(self, chars: int, *, cite_rest: bool = False) -> Scenario:
         """This answer as a model continuing it exactly after its first ``chars`` characters.
 
         The rest of the text, its citations moved with it (a span the cut went
@@ -654,16 +654,20 @@ class Scenario:
 
         Args:
             chars: Characters of the text already delivered.
+            cite_rest: The rest of a span the cut went through is cited too, as
+                a model cites the part of a span it writes (a Responses
+                annotation of the first part never came: it follows its span).
 
         Returns:
             The scenario of the continuation.
         """
         rest = [
-            dataclasses.replace(c, start=c.start - chars, end=c.end - chars)
+            dataclasses.replace(c, start=max(c.start - chars, 0), end=c.end - chars)
             for c in self.citations
-            if c.start >= chars
+            if c.start >= chars or (cite_rest and c.end > chars)
         ]
-        cut_spans = [c.end - chars for c in self.citations if c.start < chars < c.end]
+        cut = [] if cite_rest else self.citations
+        cut_spans = [c.end - chars for c in cut if c.start < chars < c.end]
         return dataclasses.replace(
             self,
             text=self.full_text[chars:],
