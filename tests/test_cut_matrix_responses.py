@@ -46,6 +46,8 @@ from tests.test_cut_matrix import (
     WEATHER,
     Cut,
     CutOnce,
+    _no_async_sleep,
+    _no_sleep,
     arecover,
     arrived,
     asking,
@@ -89,23 +91,9 @@ def inner(surface: str, server: LoopbackProvider) -> BaseChatModel:
     )
 
 
-def _no_sleep(seconds: float) -> None:
-    pass
-
-
-async def _no_async_sleep(seconds: float) -> None:
-    pass
-
-
-_WRAPPERS: dict[tuple[str, int], RecoveringChatModel] = {}
-
-
 def wrapper(surface: str, server: LoopbackProvider) -> RecoveringChatModel:
-    key = (surface, server.port)
-    if key not in _WRAPPERS:
-        policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
-        _WRAPPERS[key] = RecoveringChatModel(model=inner(surface, server), retry_policy=policy)
-    return _WRAPPERS[key]
+    policy = RetryPolicy(sleep=_no_sleep, async_sleep=_no_async_sleep)
+    return RecoveringChatModel(model=inner(surface, server), retry_policy=policy)
 
 
 _UNCUT: dict[tuple[str, str, bool], AIMessage] = {}
