@@ -37,6 +37,7 @@ from awaken_langchain.testing import (
     echo_responder,
     periodic_fault,
 )
+from awaken_langchain.testing import server as loopback_server
 from awaken_langchain.testing._wire import Frame
 from awaken_langchain.testing.server import plan_stream
 
@@ -1151,3 +1152,13 @@ def test_readme_testing_example_runs() -> None:
     section = readme.split("## Testing your own recovery", 1)[1]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(block, {})
+
+
+def test_servers_in_one_process_never_share_a_port_so_clients_kept_per_url_stay_valid() -> None:
+    provider = LoopbackProvider()
+    ports = []
+    for _ in range(1000):  # the kernel reuses ephemeral ports well within this many binds
+        server = loopback_server._bind("127.0.0.1", 0, provider)
+        ports.append(server.server_address[1])
+        server.server_close()
+    assert len(set(ports)) == len(ports)

@@ -483,7 +483,7 @@ class LoopbackProvider:
         if self._server is not None:
             raise RuntimeError("LoopbackProvider is already running; call stop() first")
         self._stopping.clear()
-        server = _HTTPServer((self._host, self._requested_port), _Handler, self)
+        server = _bind(self._host, self._requested_port, self)
         self._server = server
         self._thread = threading.Thread(
             target=server.serve_forever,
@@ -746,6 +746,7 @@ class LoopbackProvider:
 class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # many streams connect at once in concurrency runs
 
     def __init__(
         self,
@@ -766,6 +767,34 @@ class _HTTPServer(ThreadingHTTPServer):
             logger.error("error answering %s", client_address, exc_info=error)
             if isinstance(error, Exception):
                 self.provider._record_error(error)
+
+
+_PORTS_USED: set[tuple[str, int]] = set()
+_PORTS_LOCK = threading.Lock()
+
+
+def _bind(host: str, port: int, provider: LoopbackProvider) -> _HTTPServer:
+    """A listening server on ``port``, or on a port no earlier server here used (``0``).
+
+    The kernel hands out ports of closed servers again. langchain-openai and
+    langchain-anthropic keep one HTTP client per base URL for the whole process,
+    so a model built for a new server on an old server's port would get the old
+    client, whose pooled connections may belong to an event loop that is closed:
+    its first request would fail before reaching the new server.
+    """
+    rejected: list[_HTTPServer] = []
+    try:
+        while True:
+            server = _HTTPServer((host, port), _Handler, provider)
+            address = (host, server.server_address[1])
+            with _PORTS_LOCK:
+                if port or address not in _PORTS_USED or len(rejected) >= 64:
+                    _PORTS_USED.add(address)
+                    return server
+            rejected.append(server)  # held open, so the kernel offers another port
+    finally:
+        for server in rejected:
+            server.server_close()
 
 
 @dataclass(frozen=True)
