@@ -473,35 +473,9 @@ class TurnEngine:
             return Step(chunks=held, write=self.snapshot(), error=error)
         self.plans.append(label)
         self.waited += decision.delay
-        if resuming and provider is not None:
-            resume = {
-                "key": self.key,
-                "plan": label,
-                "cause": info.kind.value,
-                "status_code": info.status_code,
-                "retry_after": info.retry_after,
-                "delay": decision.delay,
-                "attempt": self.attempts,
-                "error": describe(exc),
-                "chars_so_far": len(text),
-                "response_id": provider.response_id,
-                "starting_after": provider.sequence_number,
-                "regenerated_output_tokens": 0,
-            }
-            return Step(
-                chunks=held,
-                write=self.snapshot(),
-                reports=[Report(RecoveryEvent.PROVIDER_RESUME, resume, failure=exc)],
-                delay=decision.delay,
-            )
-        if phase is RetryPhase.BEFORE_OUTPUT:
-            self.retries += 1
-        else:
-            self.continuations += 1
-        self.continuing = plan is not Plan.RESTART
         data: dict[str, Any] = {
             "key": self.key,
-            "plan": plan.value,
+            "plan": label,
             "cause": info.kind.value,
             "status_code": info.status_code,
             "retry_after": info.retry_after,
@@ -510,6 +484,21 @@ class TurnEngine:
             "error": describe(exc),
             "chars_so_far": len(text),
         }
+        if resuming and provider is not None:
+            data["response_id"] = provider.response_id
+            data["starting_after"] = provider.sequence_number
+            data["regenerated_output_tokens"] = 0
+            return Step(
+                chunks=held,
+                write=self.snapshot(),
+                reports=[Report(RecoveryEvent.PROVIDER_RESUME, data, failure=exc)],
+                delay=decision.delay,
+            )
+        if phase is RetryPhase.BEFORE_OUTPUT:
+            self.retries += 1
+        else:
+            self.continuations += 1
+        self.continuing = plan is not Plan.RESTART
         if self.request.one_document:
             data["one_document"] = True
         if gone:
