@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -37,6 +38,7 @@ from awaken_langchain import (
 from awaken_langchain.checkpoint import decode_checkpoint, encode_checkpoint
 from awaken_langchain.middleware import StreamRecoveryMiddleware
 from awaken_langchain.testing import (
+    BackgroundResponse,
     Fault,
     LoopbackProvider,
     Scenario,
@@ -278,26 +280,37 @@ async def test_expired_response_is_continued_by_prompt(drive: Drive) -> None:
     assert awaken["continuations"] == 1
 
 
-async def test_cancelled_response_is_continued_by_prompt(drive: Drive) -> None:
+async def changed_during_the_backoff(
+    drive: Drive, cut: int, change: Callable[[BackgroundResponse], None]
+) -> tuple[list[Any], LoopbackProvider]:
+    """The wrapped model's chunks when ``change`` alters the response while the turn waits."""
     answer_ = Scenario(text=TEXT, chunk_size=7)
     holder: dict[str, LoopbackProvider] = {}
 
-    def cancel_meanwhile(_seconds: float) -> None:
+    def meanwhile(_seconds: float) -> None:
         kept = holder["server"].background_response("resp_loopback_1")
         assert kept is not None
-        kept.status = "cancelled"
+        change(kept)
 
-    async def acancel_meanwhile(seconds: float) -> None:
-        cancel_meanwhile(seconds)
+    async def ameanwhile(seconds: float) -> None:
+        meanwhile(seconds)
 
-    policy = RetryPolicy(sleep=cancel_meanwhile, async_sleep=acancel_meanwhile)
-    cut = after(answer_, "response.output_text.delta", 2)
+    policy = RetryPolicy(sleep=meanwhile, async_sleep=ameanwhile)
     with LoopbackProvider(
         [dataclasses.replace(answer_, fault=Fault.drop_after_events(cut))],
         default=continuation_responder(answer_),
     ) as server:
         holder["server"] = server
         chunks = await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+    return chunks, server
+
+
+async def test_cancelled_response_is_continued_by_prompt(drive: Drive) -> None:
+    def cancel(kept: BackgroundResponse) -> None:
+        kept.status = "cancelled"
+
+    cut = after(Scenario(text=TEXT, chunk_size=7), "response.output_text.delta", 2)
+    chunks, server = await changed_during_the_backoff(drive, cut, cancel)
     assert text_of(chunks) == TEXT
     assert len(server.requests_for("openai-responses")) == 2
     assert merge(chunks).response_metadata["awaken"]["plans"] == ["provider_resume", "R1"]
@@ -519,28 +532,15 @@ async def test_middleware_forwards_provider_resume_to_the_agents_model(drive: Dr
 
 
 async def test_response_that_failed_meanwhile_is_continued_by_prompt(drive: Drive) -> None:
-    answer_ = Scenario(text=TEXT, chunk_size=7)
-    holder: dict[str, LoopbackProvider] = {}
-    cut = after(answer_, "response.output_text.delta", 3)
+    cut = after(Scenario(text=TEXT, chunk_size=7), "response.output_text.delta", 3)
 
-    def fail_meanwhile(_seconds: float) -> None:
-        kept = holder["server"].background_response("resp_loopback_1")
-        assert kept is not None
+    def fail(kept: BackgroundResponse) -> None:
         failed = responses_failed_frame(
             kept.scenario, kept.ctx, code="server_error", message="failed", sequence_number=cut
         )
         kept.frames[cut:] = [failed]  # the provider failed after what the caller received
 
-    async def afail_meanwhile(seconds: float) -> None:
-        fail_meanwhile(seconds)
-
-    policy = RetryPolicy(sleep=fail_meanwhile, async_sleep=afail_meanwhile)
-    with LoopbackProvider(
-        [dataclasses.replace(answer_, fault=Fault.drop_after_events(cut))],
-        default=continuation_responder(answer_),
-    ) as server:
-        holder["server"] = server
-        chunks = await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+    chunks, server = await changed_during_the_backoff(drive, cut, fail)
     assert text_of(chunks) == TEXT
     assert len(server.retrievals()) == 1
     assert len(server.requests_for("openai-responses")) == 2
