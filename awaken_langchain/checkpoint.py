@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -290,6 +291,96 @@ def checkpoint_from_dict(data: Any, *, run_id: str | None = None) -> StreamCheck
         raise StreamCheckpointError(
             "stored checkpoint is corrupted (invalid fields)", run_id=run_id, cause=exc
         ) from exc
+
+
+encode_json_string: Callable[[str], str] = json.encoder.encode_basestring
+"""The JSON literal of a ``str``, as ``json.dumps(..., ensure_ascii=False)`` writes it."""
+
+_STR_FIELDS = ("run_id", "thread_id", "model", "fingerprint", "message_id")
+_EMPTY = (tuple, list)
+_RECORD_FIELDS = (
+    "completed_tool_calls",
+    "invalid_tool_calls",
+    "completed_blocks",
+    "text_blocks",
+    "model_spans",
+)
+
+
+def _json_number(value: object) -> str | None:
+    """``value`` as ``json.dumps`` writes it when it is a plain finite int or float, else None."""
+    if type(value) is int:
+        return int.__repr__(value)
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)
+    return None
+
+
+def _json_optional_str(value: object) -> str | None:
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return encode_json_string(value)
+    return None
+
+
+def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
+    """Encode every field but ``partial_text``, with ``updated_at`` set, as JSON bytes.
+
+    The same bytes as ``encode_json`` of ``checkpoint.model_dump(mode="json",
+    exclude={"partial_text"})`` with ``updated_at`` replaced, written by hand: a
+    checkpoint is encoded on every put, and pydantic's dump plus ``json.dumps``
+    cost several times the store write itself. A record with tool calls, content
+    blocks or model spans, or a field of an unexpected type (a record built with
+    ``model_construct``), goes through pydantic as before.
+    """
+    data = checkpoint.__dict__
+    parts = ['{"schema_version":']
+    number = _json_number(data.get("schema_version"))
+    if number is None:
+        return _encode_fields_slow(checkpoint, updated_at)
+    parts.append(number)
+    for name in _STR_FIELDS:
+        encoded = _json_optional_str(data.get(name))
+        if encoded is None or (name in ("run_id", "model") and encoded == "null"):
+            return _encode_fields_slow(checkpoint, updated_at)
+        parts.append(f',"{name}":{encoded}')
+    if data.get("in_flight_tool_call") is not None:
+        return _encode_fields_slow(checkpoint, updated_at)
+    for name in _RECORD_FIELDS:
+        value = data.get(name)
+        if type(value) not in _EMPTY or value:
+            return _encode_fields_slow(checkpoint, updated_at)
+    content_blocks, complete = data.get("content_blocks"), data.get("complete")
+    keep_for = data.get("keep_for")
+    keep = (
+        "null" if keep_for is None else _json_number(keep_for) if type(keep_for) is float else None
+    )
+    retry, epoch = _json_number(data.get("retry_count")), _json_number(data.get("epoch"))
+    stamp = _json_number(updated_at)
+    if (
+        type(content_blocks) is not bool
+        or type(complete) is not bool
+        or keep is None
+        or type(data.get("retry_count")) is not int
+        or type(data.get("epoch")) is not int
+        or stamp is None
+    ):
+        return _encode_fields_slow(checkpoint, updated_at)
+    parts.append(
+        ',"completed_tool_calls":[],"in_flight_tool_call":null,"invalid_tool_calls":[],'
+        f'"content_blocks":{"true" if content_blocks else "false"},'
+        '"completed_blocks":[],"text_blocks":[],'
+        f'"complete":{"true" if complete else "false"},"keep_for":{keep},'
+        f'"retry_count":{retry},"epoch":{epoch},"updated_at":{stamp}}}'
+    )
+    return "".join(parts).encode("utf-8", "surrogatepass")
+
+
+def _encode_fields_slow(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
+    fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
+    fields["updated_at"] = updated_at
+    return encode_json(fields)
 
 
 def encode_checkpoint(checkpoint: StreamCheckpoint) -> bytes:
