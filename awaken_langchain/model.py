@@ -161,6 +161,10 @@ def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGen
     return ChatGenerationChunk(message=chunk)
 
 
+async def _one(chunk: ChatGenerationChunk) -> AsyncIterator[ChatGenerationChunk]:
+    yield chunk
+
+
 def _whole_message_chunk(message: BaseMessage) -> ChatGenerationChunk:
     """Turn a non-streamed inner answer into one terminal chunk."""
     ai = cast(AIMessage, message)
@@ -815,7 +819,7 @@ class RecoveringChatModel(BaseChatModel):
             yield opened
         while (request := engine.next_request()) is not None:
             try:
-                async for generation in self._ainner_chunks(engine, request):
+                async for generation in await self._ainner_chunks(engine, request):
                     out, due = engine.on_chunk(generation)
                     for chunk in out:
                         yield _generation(chunk, generation)
@@ -910,6 +914,7 @@ class RecoveringChatModel(BaseChatModel):
     async def _ainner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
     ) -> AsyncIterator[ChatGenerationChunk]:
+        """The inner model's chunks: returned, not re-yielded (a layer costs every chunk)."""
         request = engine.request
         inner = cast(BaseChatModel, request.model)
         if inner.rate_limiter is not None:
@@ -917,11 +922,9 @@ class RecoveringChatModel(BaseChatModel):
         cls = type(inner)
         if cls._astream is BaseChatModel._astream and cls._stream is BaseChatModel._stream:
             result = await inner._agenerate(messages, stop=request.stop, **request.kwargs)
-            yield _whole_message_chunk(result.generations[0].message)
-            return
+            return _one(_whole_message_chunk(result.generations[0].message))
         source = inner._astream(messages, stop=request.stop, **request.kwargs)
-        async for item in with_idle_timeout(source, self._idle_timeout(inner, request.kwargs)):
-            yield item
+        return with_idle_timeout(source, self._idle_timeout(inner, request.kwargs))
 
     # -- helpers ----------------------------------------------------------------------------------
 
