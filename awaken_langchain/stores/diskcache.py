@@ -8,7 +8,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -771,20 +771,23 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         Returns:
             The puts that need the general path.
         """
-        keys: list[bytes] = []
-        for _, plan in plans:
-            keys += (self._epoch_key(plan.run_id), self._head_key(plan.run_id))
-        rows = self._cache.rows(keys)
+        keyed = [
+            (index, plan, self._head_key(plan.run_id), self._epoch_key(plan.run_id))
+            for index, plan in plans
+        ]
+        rows = self._cache.rows(
+            [key for _, _, head_key, epoch_key in keyed for key in (epoch_key, head_key)]
+        )
         now = time.time()
         largest = self._cache.disk.min_file_size
         upserts: list[tuple[bytes, float, float, bytes]] = []
         deletes: list[bytes] = []
         fallback = []
-        for index, plan in plans:
+        for index, plan, head_key, epoch_key in keyed:
             run_id = plan.run_id
             last = plan.last
-            head_row = rows.get(self._head_key(run_id))
-            epoch_row = rows.get(self._epoch_key(run_id))
+            head_row = rows.get(head_key)
+            epoch_row = rows.get(epoch_key)
             sizes: Any
             if last is None:  # a run this store has not written: lean only if it has no record
                 state, sizes = _NO_RECORD, []
@@ -796,10 +799,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                     head_row is not None
                     and head_row[0] == _MODE_RAW
                     and head_row[1] == state.head
-                    and isinstance(sizes, list)
+                    and type(sizes) is list
                     and len(sizes) == len(state.chars)
                     and len(state.head) < largest
-                    and all(n < largest for n in sizes)
+                    and (not sizes or max(sizes) < largest)
                 )
             if not known or (epoch_row is not None and epoch_row[0] != _MODE_RAW):
                 fallback.append((index, plan))
@@ -811,21 +814,18 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 else:
                     record = self._parse_epoch_record(run_id, epoch_value)
                 check_epoch(run_id, plan.epoch, 0 if record is None else record[0], action="put")
-                step = self._lean_step(plan, sizes, state)
+                step = self._lean_step(plan, sizes, state, epoch_value, record)
             except StreamCheckpointError as exc:
                 errors[index] = exc
                 continue
-            if step is None or len(step[0].encode()) >= largest:
+            if step is None:
                 fallback.append((index, plan))
                 continue
             head, values, stale, new_state = step
-            encoded = head.encode()
             upserts += [(key, now, now, value) for key, value in values]
-            upserts.append((self._head_key(run_id), now, now, encoded))
+            upserts.append((head_key, now, now, new_state.head))
             deletes += stale
-            written.append(
-                (plan, head, replace(new_state, epoch_row=epoch_value, epoch_record=record))
-            )
+            written.append((plan, head, new_state))
         for start in range(0, len(upserts), _ROWS_PER_UPSERT):
             rows_now = upserts[start : start + _ROWS_PER_UPSERT]
             placeholders = ",".join([_UPSERT_VALUES] * len(rows_now))
@@ -838,14 +838,20 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return fallback
 
     def _lean_step(
-        self, plan: PutPlan, sizes: list[int], state: _Stored
+        self,
+        plan: PutPlan,
+        sizes: list[int],
+        state: _Stored,
+        epoch_row: Any,
+        epoch_record: tuple[int, float] | None,
     ) -> tuple[Head, list[tuple[bytes, bytes]], list[bytes], _Stored] | None:
         """Plan one put over the record this store last wrote (``state``), or a new record.
 
         Returns:
             The head, the segments to write, the segment keys to remove and the
-            state to remember; ``None`` when the general path must write it (a
-            segment diskcache would keep in a file).
+            state to remember (with the epoch record read, ``epoch_row`` and
+            ``epoch_record``); ``None`` when the general path must write it (a
+            segment or head diskcache would keep in a file).
 
         Raises:
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
@@ -855,11 +861,14 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         append = self._append_step(plan)
         if append is not None:
             head, delta = append
+            encoded = head.encode()
+            if len(encoded) >= largest:
+                return None
             first, new_sizes = plan_append(sizes, len(delta))
             if head.extra.get("segments") != new_sizes:
                 return None
             if not delta:
-                return head, [], [], _Stored(head.encode(), state.chars)
+                return head, [], [], _Stored(encoded, state.chars, epoch_row, epoch_record)
             offset = sum(state.chars[:first])
             merged = encode_text(plan.text[offset:])
             if len(merged) != new_sizes[first] or len(merged) >= largest:
@@ -867,14 +876,16 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             chars = (*state.chars[:first], len(plan.text) - offset)
             stale = [self._segment_key(run_id, i) for i in range(len(new_sizes), len(sizes))]
             values = [(self._segment_key(run_id, first), merged)]
-            return head, values, stale, _Stored(head.encode(), chars)
+            return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
         head, data = self._rewrite_step(plan)
-        if len(data) >= largest:
+        encoded = head.encode()
+        if len(data) >= largest or len(encoded) >= largest:
             return None
         kept = 1 if data else 0
         stale = [self._segment_key(run_id, i) for i in range(kept, len(sizes))]
         values = [(self._segment_key(run_id, 0), data)] if data else []
-        return head, values, stale, _Stored(head.encode(), (len(plan.text),) if data else ())
+        chars = (len(plan.text),) if data else ()
+        return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]
