@@ -216,35 +216,54 @@ class _IdleWatch:
             self._handle = self._loop.call_at(deadline, self._check)
 
 
-async def with_idle_timeout(
+def with_idle_timeout(
     source: AsyncIterator[ChatGenerationChunk], idle_timeout: float | None
 ) -> AsyncIterator[ChatGenerationChunk]:
     """Yield from ``source``, raising `StreamStalledError` after ``idle_timeout`` idle seconds."""
-    iterator = source.__aiter__()
-    received = 0
-    watch = _IdleWatch(idle_timeout) if idle_timeout is not None else None
+    if idle_timeout is None:
+        return _closing(source.__aiter__())
+    return _watched(source.__aiter__(), idle_timeout)
+
+
+async def _closing(
+    iterator: AsyncIterator[ChatGenerationChunk],
+) -> AsyncIterator[ChatGenerationChunk]:
     try:
-        if watch is None:
-            async for item in iterator:
-                yield item
-            return
+        async for item in iterator:
+            yield item
+    finally:
+        close = getattr(iterator, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _watched(
+    iterator: AsyncIterator[ChatGenerationChunk], idle_timeout: float
+) -> AsyncIterator[ChatGenerationChunk]:
+    # `_IdleWatch.begin` and `end`, inlined: this loop runs once per chunk
+    received = 0
+    watch = _IdleWatch(idle_timeout)
+    loop, read, current_task = watch._loop, iterator.__anext__, asyncio.current_task
+    try:
         while True:
-            watch.begin()
+            watch._task = current_task(loop)
+            watch._since = now = loop.time()
+            if watch._handle is None:
+                watch._handle = loop.call_at(now + idle_timeout, watch._check)
             try:
-                item = await anext(iterator)
+                item = await read()
             except StopAsyncIteration:
                 return
             except asyncio.CancelledError:
                 if watch.stalled():
-                    raise StreamStalledError(watch.timeout, received) from None
+                    raise StreamStalledError(idle_timeout, received) from None
                 raise
             finally:
-                watch.end()
+                watch._since = None
             received += 1
             yield item
     finally:
-        if watch is not None:
-            watch.close()
+        watch.close()
         close = getattr(iterator, "aclose", None)
         if close is not None:
             await close()

@@ -9,7 +9,9 @@ remains the authority for messages.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -298,6 +300,98 @@ def checkpoint_from_dict(data: Any, *, run_id: str | None = None) -> StreamCheck
         raise StreamCheckpointError(
             "stored checkpoint is corrupted (invalid fields)", run_id=run_id, cause=exc
         ) from exc
+
+
+encode_json_string: Callable[[str], str] = json.encoder.encode_basestring
+"""The JSON literal of a ``str``, as ``json.dumps(..., ensure_ascii=False)`` writes it."""
+
+_EMPTY: tuple[object, ...] = ((), [])
+_RECORD_FIELDS = ("completed_tool_calls", "invalid_tool_calls", "completed_blocks", "text_blocks")
+
+
+def _json_number(value: object) -> str | None:
+    """``value`` as ``json.dumps`` writes it when it is a plain finite int or float, else None."""
+    if type(value) is int:
+        return int.__repr__(value)
+    if type(value) is float and math.isfinite(value):
+        return float.__repr__(value)
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _fields_head(
+    version: int,
+    run_id: str,
+    thread_id: str | None,
+    model: str,
+    fingerprint: str | None,
+    message_id: str | None,
+) -> str:
+    """The fields a turn writes the same in every checkpoint, encoded once per turn."""
+
+    def optional(value: str | None) -> str:
+        return "null" if value is None else encode_json_string(value)
+
+    return (
+        f'{{"schema_version":{version},"run_id":{encode_json_string(run_id)},'
+        f'"thread_id":{optional(thread_id)},"model":{encode_json_string(model)},'
+        f'"fingerprint":{optional(fingerprint)},"message_id":{optional(message_id)},'
+        '"completed_tool_calls":[],"in_flight_tool_call":null,"invalid_tool_calls":[],'
+    )
+
+
+def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
+    """Encode every field but ``partial_text``, with ``updated_at`` set, as JSON bytes.
+
+    The same bytes as ``encode_json`` of ``checkpoint.model_dump(mode="json",
+    exclude={"partial_text"})`` with ``updated_at`` replaced, written by hand: a
+    checkpoint is encoded on every put, and pydantic's dump plus ``json.dumps``
+    cost several times the store write itself. A record with tool calls, content
+    blocks or model spans, or a field of an unexpected type (a record built with
+    ``model_construct``), goes through pydantic as before.
+    """
+    data = checkpoint.__dict__
+    version, run_id, model = data.get("schema_version"), data.get("run_id"), data.get("model")
+    thread_id, fingerprint = data.get("thread_id"), data.get("fingerprint")
+    message_id, keep_for = data.get("message_id"), data.get("keep_for")
+    content_blocks, complete = data.get("content_blocks"), data.get("complete")
+    retry, epoch = data.get("retry_count"), data.get("epoch")
+    stamp = _json_number(updated_at)
+    if (
+        type(version) is not int
+        or type(run_id) is not str
+        or type(model) is not str
+        or not (thread_id is None or type(thread_id) is str)
+        or not (fingerprint is None or type(fingerprint) is str)
+        or not (message_id is None or type(message_id) is str)
+        or data.get("in_flight_tool_call") is not None
+        or data.get("model_spans") not in _EMPTY
+        or type(content_blocks) is not bool
+        or type(complete) is not bool
+        or not (keep_for is None or (type(keep_for) is float and math.isfinite(keep_for)))
+        or type(retry) is not int
+        or type(epoch) is not int
+        or stamp is None
+    ):
+        return _encode_fields_slow(checkpoint, updated_at)
+    for name in _RECORD_FIELDS:
+        if data.get(name) not in _EMPTY:
+            return _encode_fields_slow(checkpoint, updated_at)
+    text = (
+        _fields_head(version, run_id, thread_id, model, fingerprint, message_id)
+        + f'"content_blocks":{"true" if content_blocks else "false"},'
+        '"completed_blocks":[],"text_blocks":[],'
+        f'"complete":{"true" if complete else "false"},'
+        f'"keep_for":{"null" if keep_for is None else float.__repr__(keep_for)},'
+        f'"retry_count":{int.__repr__(retry)},"epoch":{int.__repr__(epoch)},"updated_at":{stamp}}}'
+    )
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _encode_fields_slow(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
+    fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
+    fields["updated_at"] = updated_at
+    return encode_json(fields)
 
 
 def encode_checkpoint(checkpoint: StreamCheckpoint) -> bytes:

@@ -164,6 +164,10 @@ def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGen
     return ChatGenerationChunk(message=chunk)
 
 
+async def _one(chunk: ChatGenerationChunk) -> AsyncIterator[ChatGenerationChunk]:
+    yield chunk
+
+
 def _whole_message_chunk(message: BaseMessage) -> ChatGenerationChunk:
     """Turn a non-streamed inner answer into one terminal chunk."""
     ai = cast(AIMessage, message)
@@ -856,7 +860,7 @@ class RecoveringChatModel(BaseChatModel):
             yield opened
         while (request := engine.next_request()) is not None:
             try:
-                async for generation in self._ainner_chunks(engine, request):
+                async for generation in await self._ainner_chunks(engine, request):
                     out, due = engine.on_chunk(generation)
                     for chunk in out:
                         yield _generation(chunk, generation)
@@ -959,6 +963,7 @@ class RecoveringChatModel(BaseChatModel):
     async def _ainner_chunks(
         self, engine: TurnEngine, messages: list[BaseMessage]
     ) -> AsyncIterator[ChatGenerationChunk]:
+        """The inner model's chunks: returned, not re-yielded (a layer costs every chunk)."""
         request = engine.request
         inner = cast(BaseChatModel, request.model)
         if inner.rate_limiter is not None:
@@ -966,14 +971,12 @@ class RecoveringChatModel(BaseChatModel):
         cls = type(inner)
         if cls._astream is BaseChatModel._astream and cls._stream is BaseChatModel._stream:
             result = await inner._agenerate(messages, stop=request.stop, **request.kwargs)
-            yield _whole_message_chunk(result.generations[0].message)
-            return
+            return _one(_whole_message_chunk(result.generations[0].message))
         if engine.provider is not None:
             source = engine.provider.astream(inner, messages, request.stop, request.kwargs)
         else:
             source = inner._astream(messages, stop=request.stop, **request.kwargs)
-        async for item in with_idle_timeout(source, self._idle_timeout(inner, request.kwargs)):
-            yield item
+        return with_idle_timeout(source, self._idle_timeout(inner, request.kwargs))
 
     # -- helpers ----------------------------------------------------------------------------------
 

@@ -54,7 +54,8 @@ makes batches of one or two, each costing a thread wake-up and a transaction.
 Waiting this long (an operation a turn waits for is never delayed) lets one
 commit carry every run that checkpointed meanwhile, and lets a fast stream's
 successive checkpoints coalesce; it adds at most this much to the time a
-checkpoint takes to become durable."""
+checkpoint takes to become durable. A checkpoint that finds the writer idle
+for at least this long is written at once: nothing else was arriving."""
 _ATTRIBUTE = "_awaken_writer"
 _REGISTRY_LOCK = threading.Lock()
 EXIT_DRAIN = 5.0
@@ -200,8 +201,10 @@ class CheckpointWriter:
                         self._thread = None
                         return
                     self._cond.wait(remaining)
-                if not self._ops and self._gather > 0:
-                    # let the batch gather; an operation a turn waits for ends the wait
+                quiet = time.monotonic() - idle_since >= self._gather
+                if not self._ops and self._gather > 0 and not quiet:
+                    # let the batch gather; an operation a turn waits for ends the wait,
+                    # and a checkpoint arriving after a quiet spell is written at once
                     until = time.monotonic() + self._gather
                     while not self._ops:
                         remaining = until - time.monotonic()

@@ -485,3 +485,35 @@ def test_a_process_that_ends_lets_its_queued_writes_land(tmp_path: Path) -> None
     )
     with DiskCacheStreamCheckpointStore(tmp_path / "cache") as store:
         assert store.list_run_ids() == ["open"]
+
+
+class _Batches(InMemoryStreamCheckpointStore):
+    """Records each group commit the writer makes, with when it began."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[float, list[str]]] = []
+
+    def put_many(self, checkpoints: Any) -> Any:
+        self.batches.append((time.monotonic(), [c.partial_text for c in checkpoints]))
+        return super().put_many(checkpoints)
+
+
+def test_checkpoints_gather_while_they_arrive_and_one_after_a_quiet_spell_is_written_at_once() -> (
+    None
+):
+    from awaken_langchain.writer import CheckpointWriter
+
+    store = _Batches()
+    writer = CheckpointWriter(store, gather=0.3)
+    writer.submit(StreamCheckpoint(run_id="a", partial_text="1"))  # the writer starts: gathers
+    writer.submit(StreamCheckpoint(run_id="b", partial_text="2"))
+    assert writer.flush(5.0)
+    assert [texts for _, texts in store.batches] == [["1", "2"]]
+    time.sleep(0.4)  # quiet for longer than the gathering time
+    submitted = time.monotonic()
+    writer.submit(StreamCheckpoint(run_id="a", partial_text="3"))
+    assert writer.flush(5.0)
+    began, texts = store.batches[-1]
+    assert texts == ["3"]
+    assert began - submitted < 0.2  # not held for the gathering time

@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 
 from awaken_langchain import StreamCheckpointError, StreamCheckpointFencedError
-from awaken_langchain.checkpoint import encode_json
-from awaken_langchain.stores._base import Head, check_epoch, decode_head, plan_append
+from awaken_langchain.checkpoint import (
+    CompletedToolCall,
+    InFlightToolCall,
+    ModelSpan,
+    StreamCheckpoint,
+    TextBlockStart,
+    encode_fields,
+    encode_json,
+)
+from awaken_langchain.stores._base import (
+    EncodedFields,
+    Head,
+    check_epoch,
+    decode_head,
+    plan_append,
+)
 
 
 def test_current_epoch_passes_the_fence() -> None:
@@ -33,6 +49,63 @@ def test_unclaimed_epoch_tells_the_caller_to_claim_first() -> None:
 def test_head_round_trips() -> None:
     head = Head("run-1", {"run_id": "run-1", "epoch": 2}, 10, "abc", {"segments": [10]})
     assert decode_head(head.encode(), run_id="run-1") == head
+
+
+def _dumped(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
+    fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
+    fields["updated_at"] = updated_at
+    return encode_json(fields)
+
+
+_ODD = 'quote " backslash \\ newline \n nul \x00 line sep \u2028 lone \ud800 accent é'
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [
+        StreamCheckpoint(run_id="run-1"),
+        StreamCheckpoint(
+            run_id="run \u2028 é \ud800",
+            thread_id=_ODD,
+            model=_ODD,
+            fingerprint=_ODD,
+            message_id=_ODD,
+            partial_text="not in the fields",
+            content_blocks=True,
+            complete=True,
+            keep_for=3600.5,
+            retry_count=7,
+            epoch=2**40,
+        ),
+        StreamCheckpoint(
+            run_id="run-1",
+            completed_tool_calls=(CompletedToolCall(id="a", name="t", args={"x": [1, 2.5]}),),
+        ),
+        StreamCheckpoint(run_id="run-1", in_flight_tool_call=InFlightToolCall(partial_args='{"')),
+        StreamCheckpoint(run_id="run-1", model_spans=(ModelSpan(model="m", start=2),)),
+        StreamCheckpoint(run_id="run-1", text_blocks=(TextBlockStart(fields={"id": "x"}),)),
+        StreamCheckpoint.model_construct(run_id="run-1", keep_for=60, completed_tool_calls=[]),
+    ],
+    ids=["defaults", "odd-strings", "tool-call", "in-flight", "spans", "text-blocks", "unchecked"],
+)
+@pytest.mark.parametrize("updated_at", [0.0, 1_796_083_268.7806175, 100, 1e-7])
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings")  # the unchecked record
+def test_hand_encoded_fields_are_the_bytes_pydantic_writes(
+    checkpoint: StreamCheckpoint, updated_at: float
+) -> None:
+    encoded = encode_fields(checkpoint, updated_at)
+    assert encoded == _dumped(checkpoint, updated_at)
+    assert dict(EncodedFields(encoded)) == json.loads(encoded)
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, {"segments": []}, {"segments": [10, 4]}, {"segments": [1], "other": "x"}]
+)
+def test_head_of_encoded_fields_is_the_bytes_of_its_decoded_fields(extra: dict[str, Any]) -> None:
+    encoded = encode_fields(StreamCheckpoint(run_id="run-1", model=_ODD), 12.5)
+    head = Head("run-1", EncodedFields(encoded), 10, "abc", extra)
+    assert head.encode() == Head("run-1", json.loads(encoded), 10, "abc", extra).encode()
+    assert decode_head(head.encode(), run_id="run-1").fields == json.loads(encoded)
 
 
 @pytest.mark.parametrize(

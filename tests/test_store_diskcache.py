@@ -369,3 +369,44 @@ def test_a_group_commit_fences_a_run_claimed_since_its_last_write(tmp_path: Path
         two.delete("run", epoch=second)
         assert two.get("run") is None
         assert two.claim("run") == second + 1
+
+
+def test_a_group_commit_reads_back_only_rows_changed_since_its_last_write(
+    tmp_path: Path,
+) -> None:
+    with (
+        DiskCacheStreamCheckpointStore(tmp_path / "cache") as one,
+        DiskCacheStreamCheckpointStore(tmp_path / "cache") as two,
+    ):
+        read: list[dict[bytes, Any]] = []
+        changed_rows = one._cache.changed_rows
+
+        def spy(expected: Any) -> dict[bytes, Any]:
+            read.append(changed_rows(expected))
+            return read[-1]
+
+        one._cache.changed_rows = spy
+        epoch = one.claim("run")
+        assert one.put_many(
+            [
+                StreamCheckpoint(run_id="run", partial_text="ab", epoch=epoch),
+                StreamCheckpoint(run_id="other", partial_text="x"),
+            ]
+        ) == [None, None]
+        assert list(read[-1]) == [b"e\x00run"]  # a new run: its epoch record only
+        assert one.put_many(
+            [
+                StreamCheckpoint(run_id="run", partial_text="abc", epoch=epoch),
+                StreamCheckpoint(run_id="other", partial_text="xy"),
+            ]
+        ) == [None, None]
+        assert read[-1] == {}  # nobody else wrote: nothing read back
+        two.delete("other")
+        assert one.put_many(
+            [
+                StreamCheckpoint(run_id="run", partial_text="abcd", epoch=epoch),
+                StreamCheckpoint(run_id="other", partial_text="xyz"),
+            ]
+        ) == [None, None]
+        assert read[-1] == {b"h\x00other": None}  # its head is gone: written whole again
+        assert (_text(two, "run"), _text(two, "other")) == ("abcd", "xyz")

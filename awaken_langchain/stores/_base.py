@@ -98,7 +98,9 @@ from awaken_langchain.checkpoint import (
     check_run_id,
     checkpoint_from_dict,
     decode_json,
+    encode_fields,
     encode_json,
+    encode_json_string,
 )
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
 
@@ -302,6 +304,49 @@ def check_epoch(run_id: str, epoch: int, current: int, *, action: str) -> None:
         )
 
 
+class EncodedFields(Mapping[str, Any]):
+    """A checkpoint's fields (all but ``partial_text``), held as the JSON bytes a head stores.
+
+    A put encodes its checkpoint once (:func:`encode_fields`) and the head embeds
+    these bytes as they are; the mapping itself is decoded from them only when
+    something reads it (a signature, a size check of a signed record).
+    """
+
+    __slots__ = ("_decoded", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._decoded: dict[str, Any] | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        decoded = self._decoded
+        if decoded is None:
+            decoded = self._decoded = decode_json(self.data)
+        return decoded
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields())
+
+    def __len__(self) -> int:
+        return len(self._fields())
+
+
+_HEAD_PREFIX = b'{"format":"%s","layout":%d,"checkpoint":' % (HEAD_FORMAT.encode(), HEAD_LAYOUT)
+
+
+def _encode_extra(extra: Mapping[str, Any]) -> bytes:
+    """``encode_json(dict(extra))``, written directly for the usual segment list."""
+    if not extra:
+        return b"{}"
+    sizes = extra.get("segments") if len(extra) == 1 else None
+    if type(sizes) is list and all(type(n) is int for n in sizes):
+        return b'{"segments":[%s]}' % ",".join(map(str, sizes)).encode()
+    return encode_json(dict(extra))
+
+
 @dataclass(frozen=True)
 class Head:
     """The stored head of a checkpoint: everything but the text.
@@ -336,6 +381,20 @@ class Head:
 
     @functools.cached_property
     def _encoded(self) -> bytes:
+        fields = self.fields
+        if isinstance(fields, EncodedFields) and self.signature is None:
+            # the same bytes as below, without decoding and re-encoding the fields
+            return b"".join(
+                (
+                    _HEAD_PREFIX,
+                    fields.data,
+                    b',"text_bytes":%d,"write_id":' % self.text_bytes,
+                    encode_json_string(self.write_id).encode(TEXT_ENCODING, TEXT_ERRORS),
+                    b',"extra":',
+                    _encode_extra(self.extra),
+                    b"}",
+                )
+            )
         obj = {
             "format": HEAD_FORMAT,
             "layout": HEAD_LAYOUT,
@@ -512,7 +571,7 @@ class PutPlan:
     run_id: str
     epoch: int
     text: str
-    fields: dict[str, Any]
+    fields: Mapping[str, Any]
     write_id: str
     last: LastWrite | None
     text_hash: Any = None
@@ -662,8 +721,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             )
         self._check_writable("put")
         run_id = check_run_id(checkpoint.run_id)
-        fields = checkpoint.model_dump(mode="json", exclude={"partial_text"})
-        fields["updated_at"] = max(0.0, self.clock())
+        fields = EncodedFields(encode_fields(checkpoint, max(0.0, self.clock())))
         with self._memo_lock:
             last = self._memo.get(run_id)
         return PutPlan(
@@ -969,6 +1027,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 
 __all__ = [
     "DeltaCheckpointStore",
+    "EncodedFields",
     "Head",
     "DEFAULT_EPOCH_GRACE",
     "LastWrite",

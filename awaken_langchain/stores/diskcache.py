@@ -8,7 +8,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,46 @@ def _rows(execute: Callable[..., Any], keys: Sequence[bytes]) -> dict[bytes, tup
         statement = _SELECT_ROWS.format(",".join("?" * len(chunk)))
         for key, mode, value in execute(statement, (*chunk, now)).fetchall():
             found[bytes(key)] = (mode, bytes(value) if type(value) is not int else value)
+    return found
+
+
+_CHANGED_ROWS = (
+    "WITH expected(key, value) AS (VALUES {}) "
+    "SELECT expected.key, Cache.mode, Cache.value FROM expected "
+    "LEFT JOIN Cache ON Cache.key = expected.key AND Cache.raw = 1 "
+    "AND (Cache.expire_time IS NULL OR Cache.expire_time > ?) "
+    "WHERE Cache.value IS NOT expected.value OR (Cache.rowid IS NOT NULL AND Cache.mode IS NOT 1)"
+)
+_PAIRS_PER_SELECT = 400
+"""Expected rows compared per statement (two parameters each, within SQLite's 999)."""
+
+
+def _changed_rows(
+    execute: Callable[..., Any], expected: Sequence[tuple[bytes, bytes | None]]
+) -> dict[bytes, tuple[int, Any] | None]:
+    """The rows among ``expected`` that do not hold the bytes expected, read in bulk.
+
+    ``expected`` pairs a key with the raw bytes its row should hold, or ``None``
+    for a row that should not exist. Returns ``key -> (mode, value)`` for each
+    row that differs, or ``key -> None`` for an expected row that is missing;
+    a key left out holds what was expected.
+
+    SQLite compares, so a group commit whose records nobody else touched reads
+    back no rows. Each row read is a step, and each step releases the GIL: on a
+    busy event loop, taking it back costs the writer up to a switch interval
+    (5 ms) per row, where one step costs one.
+    """
+    found: dict[bytes, tuple[int, Any] | None] = {}
+    now = time.time()
+    for start in range(0, len(expected), _PAIRS_PER_SELECT):
+        chunk = expected[start : start + _PAIRS_PER_SELECT]
+        statement = _CHANGED_ROWS.format(",".join(["(?, ?)"] * len(chunk)))
+        params: list[Any] = [p for pair in chunk for p in pair]
+        params.append(now)
+        for key, mode, value in execute(statement, params).fetchall():
+            found[bytes(key)] = (
+                None if mode is None else (mode, bytes(value) if type(value) is not int else value)
+            )
     return found
 
 
@@ -177,6 +217,12 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
         """Return ``key -> (mode, value)`` for the unexpired raw-keyed rows among ``keys``."""
         return _rows(self._sql, keys)
+
+    def changed_rows(
+        self, expected: Sequence[tuple[bytes, bytes | None]]
+    ) -> dict[bytes, tuple[int, Any] | None]:
+        """Return the rows among ``expected`` that differ (see `_changed_rows`)."""
+        return _changed_rows(self._sql, expected)
 
     def remove_row(self, key: Any, raw: int) -> bool:
         """Remove the entry stored under an undecoded key; return whether there was one."""
@@ -771,20 +817,31 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         Returns:
             The puts that need the general path.
         """
-        keys: list[bytes] = []
-        for _, plan in plans:
-            keys += (self._epoch_key(plan.run_id), self._head_key(plan.run_id))
-        rows = self._cache.rows(keys)
+        keyed = []
+        expected: list[tuple[bytes, bytes | None]] = []
+        for index, plan in plans:
+            head_key, epoch_key = self._head_key(plan.run_id), self._epoch_key(plan.run_id)
+            memo = plan.last.state if plan.last is not None else None
+            if isinstance(memo, _Stored):
+                expected += ((head_key, memo.head), (epoch_key, memo.epoch_row))
+            else:  # a new run: no head; its epoch record is read
+                expected += ((head_key, None), (epoch_key, None))
+            keyed.append((index, plan, head_key, epoch_key))
+        changed = self._cache.changed_rows(expected)
+        rows = {
+            key: changed.get(key, None if value is None else (_MODE_RAW, value))
+            for key, value in expected
+        }
         now = time.time()
         largest = self._cache.disk.min_file_size
         upserts: list[tuple[bytes, float, float, bytes]] = []
         deletes: list[bytes] = []
         fallback = []
-        for index, plan in plans:
+        for index, plan, head_key, epoch_key in keyed:
             run_id = plan.run_id
             last = plan.last
-            head_row = rows.get(self._head_key(run_id))
-            epoch_row = rows.get(self._epoch_key(run_id))
+            head_row = rows[head_key]
+            epoch_row = rows[epoch_key]
             sizes: Any
             if last is None:  # a run this store has not written: lean only if it has no record
                 state, sizes = _NO_RECORD, []
@@ -796,10 +853,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                     head_row is not None
                     and head_row[0] == _MODE_RAW
                     and head_row[1] == state.head
-                    and isinstance(sizes, list)
+                    and type(sizes) is list
                     and len(sizes) == len(state.chars)
                     and len(state.head) < largest
-                    and all(n < largest for n in sizes)
+                    and (not sizes or max(sizes) < largest)
                 )
             if not known or (epoch_row is not None and epoch_row[0] != _MODE_RAW):
                 fallback.append((index, plan))
@@ -811,21 +868,18 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 else:
                     record = self._parse_epoch_record(run_id, epoch_value)
                 check_epoch(run_id, plan.epoch, 0 if record is None else record[0], action="put")
-                step = self._lean_step(plan, sizes, state)
+                step = self._lean_step(plan, sizes, state, epoch_value, record)
             except StreamCheckpointError as exc:
                 errors[index] = exc
                 continue
-            if step is None or len(step[0].encode()) >= largest:
+            if step is None:
                 fallback.append((index, plan))
                 continue
             head, values, stale, new_state = step
-            encoded = head.encode()
             upserts += [(key, now, now, value) for key, value in values]
-            upserts.append((self._head_key(run_id), now, now, encoded))
+            upserts.append((head_key, now, now, new_state.head))
             deletes += stale
-            written.append(
-                (plan, head, replace(new_state, epoch_row=epoch_value, epoch_record=record))
-            )
+            written.append((plan, head, new_state))
         for start in range(0, len(upserts), _ROWS_PER_UPSERT):
             rows_now = upserts[start : start + _ROWS_PER_UPSERT]
             placeholders = ",".join([_UPSERT_VALUES] * len(rows_now))
@@ -838,14 +892,20 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return fallback
 
     def _lean_step(
-        self, plan: PutPlan, sizes: list[int], state: _Stored
+        self,
+        plan: PutPlan,
+        sizes: list[int],
+        state: _Stored,
+        epoch_row: Any,
+        epoch_record: tuple[int, float] | None,
     ) -> tuple[Head, list[tuple[bytes, bytes]], list[bytes], _Stored] | None:
         """Plan one put over the record this store last wrote (``state``), or a new record.
 
         Returns:
             The head, the segments to write, the segment keys to remove and the
-            state to remember; ``None`` when the general path must write it (a
-            segment diskcache would keep in a file).
+            state to remember (with the epoch record read, ``epoch_row`` and
+            ``epoch_record``); ``None`` when the general path must write it (a
+            segment or head diskcache would keep in a file).
 
         Raises:
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
@@ -855,11 +915,14 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         append = self._append_step(plan)
         if append is not None:
             head, delta = append
+            encoded = head.encode()
+            if len(encoded) >= largest:
+                return None
             first, new_sizes = plan_append(sizes, len(delta))
             if head.extra.get("segments") != new_sizes:
                 return None
             if not delta:
-                return head, [], [], _Stored(head.encode(), state.chars)
+                return head, [], [], _Stored(encoded, state.chars, epoch_row, epoch_record)
             offset = sum(state.chars[:first])
             merged = encode_text(plan.text[offset:])
             if len(merged) != new_sizes[first] or len(merged) >= largest:
@@ -867,14 +930,16 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             chars = (*state.chars[:first], len(plan.text) - offset)
             stale = [self._segment_key(run_id, i) for i in range(len(new_sizes), len(sizes))]
             values = [(self._segment_key(run_id, first), merged)]
-            return head, values, stale, _Stored(head.encode(), chars)
+            return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
         head, data = self._rewrite_step(plan)
-        if len(data) >= largest:
+        encoded = head.encode()
+        if len(data) >= largest or len(encoded) >= largest:
             return None
         kept = 1 if data else 0
         stale = [self._segment_key(run_id, i) for i in range(kept, len(sizes))]
         values = [(self._segment_key(run_id, 0), data)] if data else []
-        return head, values, stale, _Stored(head.encode(), (len(plan.text),) if data else ())
+        chars = (len(plan.text),) if data else ()
+        return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]
