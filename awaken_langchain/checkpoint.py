@@ -328,14 +328,10 @@ def _fields_head(
     message_id: str | None,
 ) -> str:
     """The fields a turn writes the same in every checkpoint, encoded once per turn."""
-
-    def optional(value: str | None) -> str:
-        return "null" if value is None else encode_json_string(value)
-
     return (
         f'{{"schema_version":{version},"run_id":{encode_json_string(run_id)},'
-        f'"thread_id":{optional(thread_id)},"model":{encode_json_string(model)},'
-        f'"fingerprint":{optional(fingerprint)},"message_id":{optional(message_id)},'
+        f'"thread_id":{_optional_string(thread_id)},"model":{encode_json_string(model)},'
+        f'"fingerprint":{_optional_string(fingerprint)},"message_id":{_optional_string(message_id)},'
         '"completed_tool_calls":[],"in_flight_tool_call":null,"invalid_tool_calls":[],'
     )
 
@@ -356,6 +352,7 @@ def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
     message_id, keep_for = data.get("message_id"), data.get("keep_for")
     content_blocks, complete = data.get("content_blocks"), data.get("complete")
     retry, epoch = data.get("retry_count"), data.get("epoch")
+    response_id, sequence = data.get("provider_response_id"), data.get("provider_sequence_number")
     stamp = _json_number(updated_at)
     if (
         type(version) is not int
@@ -371,6 +368,8 @@ def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
         or not (keep_for is None or (type(keep_for) is float and math.isfinite(keep_for)))
         or type(retry) is not int
         or type(epoch) is not int
+        or not (response_id is None or type(response_id) is str)
+        or not (sequence is None or type(sequence) is int)
         or stamp is None
     ):
         return _encode_fields_slow(checkpoint, updated_at)
@@ -383,9 +382,15 @@ def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
         '"completed_blocks":[],"text_blocks":[],'
         f'"complete":{"true" if complete else "false"},'
         f'"keep_for":{"null" if keep_for is None else float.__repr__(keep_for)},'
-        f'"retry_count":{int.__repr__(retry)},"epoch":{int.__repr__(epoch)},"updated_at":{stamp}}}'
+        f'"retry_count":{int.__repr__(retry)},"epoch":{int.__repr__(epoch)},"updated_at":{stamp},'
+        f'"provider_response_id":{_optional_string(response_id)},'
+        f'"provider_sequence_number":{"null" if sequence is None else int.__repr__(sequence)}}}'
     )
     return text.encode("utf-8", "surrogatepass")
+
+
+def _optional_string(value: str | None) -> str:
+    return "null" if value is None else encode_json_string(value)
 
 
 def _encode_fields_slow(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
