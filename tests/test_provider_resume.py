@@ -21,6 +21,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import ModelFallbackMiddleware
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.tools import tool
@@ -516,6 +517,49 @@ async def test_middleware_forwards_provider_resume_to_the_agents_model(drive: Dr
     assert thread[-1].text == TEXT
     assert len(server.requests_for("openai-responses")) == 2  # two turns, no recovery request
     assert len(server.retrievals()) == 1
+
+
+async def test_a_model_fallback_middleware_model_that_cannot_resume_answers_by_prompt(
+    drive: Drive,
+) -> None:
+    plain = Scenario(text=TEXT, chunk_size=7)
+    cut = after(plain, "response.output_text.delta", 3)
+    fallback_model = "gpt-4o-mini"
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if (request.body or {}).get("model") == MODEL:  # the Responses model is overloaded
+            return Scenario(fault=Fault.overloaded())
+        return continuation_responder(plain)(request)
+
+    with LoopbackProvider(default=respond) as server:
+        # the fallback (Chat Completions) is cut mid-answer once
+        server.enqueue(
+            dataclasses.replace(plain, provider="openai", fault=Fault.drop_after_events(cut))
+        )
+        fallback = ChatOpenAI(
+            model=fallback_model, base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+        agent = create_agent(
+            chat(server),
+            [],
+            middleware=[
+                ModelFallbackMiddleware(fallback),
+                StreamRecoveryMiddleware(
+                    retry_policy=dataclasses.replace(
+                        NO_WAIT, max_attempts=1, overload_deadline=None
+                    ),
+                    provider_resume=True,
+                ),
+            ],
+        )
+        state = {"messages": [HumanMessage("What is the capital of France?")]}
+        if drive.mode == "sync":
+            thread = agent.invoke(state)["messages"]
+        else:
+            thread = (await agent.ainvoke(state))["messages"]
+    assert thread[-1].text == TEXT
+    assert thread[-1].response_metadata["awaken"]["plans"] == ["R1"]  # continued by prompt
+    assert server.retrievals() == []
 
 
 async def test_response_that_failed_meanwhile_is_continued_by_prompt(drive: Drive) -> None:
