@@ -173,6 +173,24 @@ def test_provider_resume_refuses_chat_openai_on_chat_completions(
 # -- one process -----------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    "fault", [Fault.context_overflow(), Fault.http_error(401)], ids=["overflow", "auth"]
+)
+async def test_a_permanent_error_is_raised_as_the_bare_model_raises_it(
+    drive: Drive, fault: Fault
+) -> None:
+    raised = []
+    for model in ("bare", "wrapped"):
+        with LoopbackProvider([Scenario(fault=fault)]) as server:
+            chosen = chat(server) if model == "bare" else wrapped(server)
+            with pytest.raises(Exception) as caught:
+                await drive.invoke(chosen, "What is the capital of France?")
+            raised.append(type(caught.value))
+            assert len(server.requests) == 1
+    assert raised[0].__module__.startswith("langchain_openai")
+    assert raised[1] is raised[0]
+
+
 async def test_without_a_fault_the_answer_equals_the_bare_model_and_runs_in_background(
     drive: Drive,
 ) -> None:
