@@ -15,8 +15,10 @@ each event with langchain-openai's own converter, keeping the converter's
 position (content index, output index, sub-index) across the reconnection.
 This relies on private parts of langchain-openai, pinned by the tests in
 ``tests/test_provider_resume.py``: ``BaseChatOpenAI._get_request_payload``,
-``root_client``/``root_async_client`` and
-``langchain_openai.chat_models.base._convert_responses_chunk_to_generation_chunk``.
+``root_client``/``root_async_client``,
+``langchain_openai.chat_models.base._convert_responses_chunk_to_generation_chunk``
+and the same module's ``_handle_openai_bad_request``/``_handle_openai_api_error``
+(so errors are raised as ``ChatOpenAI`` raises them).
 
 A replacement process (after a crash) knows the response id and the sequence
 number of the last event the checkpoint holds. It reads the response's events
@@ -95,6 +97,30 @@ def provider_resume_problem(model: BaseChatModel) -> str | None:
             "set ChatOpenAI(include_response_headers=False)"
         )
     return None
+
+
+@contextlib.contextmanager
+def _as_chat_openai_raises() -> Iterator[None]:
+    """Raise the openai SDK's errors as ``ChatOpenAI`` raises them.
+
+    ``ChatOpenAI`` turns them into langchain-openai's own types (subclasses of
+    the SDK's, such as ``OpenAIContextOverflowError``), which callers and
+    middleware catch; a turn driving the SDK itself raises the same.
+    """
+    import openai
+    from langchain_openai.chat_models.base import (
+        _handle_openai_api_error,
+        _handle_openai_bad_request,
+    )
+
+    try:
+        yield
+    except openai.BadRequestError as exc:
+        _handle_openai_bad_request(exc)
+        raise
+    except openai.APIError as exc:
+        _handle_openai_api_error(exc)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,18 +299,19 @@ class ProviderStream:
         client = getattr(inner, "root_client")  # noqa: B009
         schema, version = kwargs.get("response_format"), inner.output_version
         position = self._begin(resuming=self.response_id is not None)
-        if self.response_id is None:
-            events = client.responses.create(**self._request(inner, messages, stop, kwargs))
-        else:
-            try:
-                events = client.responses.retrieve(self.response_id, **self._retrieval())
-            except Exception as exc:
-                raise (self._gone(exc) or exc) from exc
-        with events:
-            for event in events:
-                position, chunk = self._convert(event, position, schema, version)
-                if chunk is not None:
-                    yield chunk
+        with _as_chat_openai_raises():
+            if self.response_id is None:
+                events = client.responses.create(**self._request(inner, messages, stop, kwargs))
+            else:
+                try:
+                    events = client.responses.retrieve(self.response_id, **self._retrieval())
+                except Exception as exc:
+                    raise (self._gone(exc) or exc) from exc
+            with events:
+                for event in events:
+                    position, chunk = self._convert(event, position, schema, version)
+                    if chunk is not None:
+                        yield chunk
         self._ended()
 
     async def astream(
@@ -298,18 +325,20 @@ class ProviderStream:
         client = getattr(inner, "root_async_client")  # noqa: B009
         schema, version = kwargs.get("response_format"), inner.output_version
         position = self._begin(resuming=self.response_id is not None)
-        if self.response_id is None:
-            events = await client.responses.create(**self._request(inner, messages, stop, kwargs))
-        else:
-            try:
-                events = await client.responses.retrieve(self.response_id, **self._retrieval())
-            except Exception as exc:
-                raise (self._gone(exc) or exc) from exc
-        async with events:
-            async for event in events:
-                position, chunk = self._convert(event, position, schema, version)
-                if chunk is not None:
-                    yield chunk
+        with _as_chat_openai_raises():
+            if self.response_id is None:
+                request = self._request(inner, messages, stop, kwargs)
+                events = await client.responses.create(**request)
+            else:
+                try:
+                    events = await client.responses.retrieve(self.response_id, **self._retrieval())
+                except Exception as exc:
+                    raise (self._gone(exc) or exc) from exc
+            async with events:
+                async for event in events:
+                    position, chunk = self._convert(event, position, schema, version)
+                    if chunk is not None:
+                        yield chunk
         self._ended()
 
     # -- cancelling ----------------------------------------------------------------------

@@ -420,6 +420,10 @@ class TurnAccumulator:
                 len(p) if isinstance(p, str) else _size(p) for p in self._held
             )
             self._held = []
+        if not continuing and not self._content and not self.text and not self.completed_blocks:
+            # nothing was released: the answer takes the shape of the attempt that writes it
+            # (a block discarded with a cut-off attempt leaves no trace)
+            self.blocks = False
         # a text block cut before its first text (only its citations came) is sent again
         begun = {b.get("index") for b in self._content if isinstance(b, dict)}
         self._held = [

@@ -76,6 +76,7 @@ from langchain.agents.middleware.types import (
 from langchain.agents.structured_output import AutoStrategy, ProviderStrategy, ToolStrategy
 from langchain_core.language_models import BaseChatModel
 
+from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain.checkpoint import StreamCheckpointStore
 from awaken_langchain.fallback import resolve_fallbacks
 from awaken_langchain.model import RecoveringChatModel
@@ -113,8 +114,10 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         **settings: Other `RecoveringChatModel` settings
             (``stream_idle_timeout``, ``checkpoint_every_chunks``,
             ``continuation_prompt``, ``provider_resume``, ...), given to every
-            wrapper built. With ``provider_resume=True`` the agent's model must be
-            ``ChatOpenAI(use_responses_api=True)``.
+            wrapper built. ``provider_resume=True`` resumes the calls of a
+            ``ChatOpenAI(use_responses_api=True)``; a call on another model (one
+            ``ModelFallbackMiddleware`` picked) is continued by prompt, with a
+            warning when its wrapper is built.
 
     Raises:
         ValueError: If a setting is not a `RecoveringChatModel` setting (inner
@@ -163,12 +166,24 @@ class StreamRecoveryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             if entry is not None and entry[0]() is model:
                 self._wrappers.move_to_end(id(model))
                 return entry[1]
+            settings = self.settings
+            if settings.get("provider_resume"):
+                # the request's model may be one ModelFallbackMiddleware picked: a model
+                # that cannot resume at the provider is still protected, by prompt
+                problem = provider_resume_problem(model)
+                if problem is not None:
+                    logger.warning(
+                        "%s continues interrupted turns by prompt: %s",
+                        type(model).__name__,
+                        problem,
+                    )
+                    settings = {**settings, "provider_resume": False}
             wrapper = RecoveringChatModel(
                 model=model,
                 retry_policy=self.retry_policy,
                 store=self.store,
                 fallbacks=[f for f in self.fallbacks if f is not model],
-                **self.settings,
+                **settings,
             )
             logger.debug("protecting %s with RecoveringChatModel", type(model).__name__)
             self._wrappers[id(model)] = (weakref.ref(model), wrapper)

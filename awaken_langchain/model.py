@@ -332,6 +332,38 @@ class RecoveringChatModel(BaseChatModel):
                 raise ValueError(problem)
         return self
 
+    @model_validator(mode="after")
+    def _inner_run_settings(self) -> RecoveringChatModel:
+        """Trace the turn as the inner model's run: its callbacks, tags and metadata.
+
+        The wrapper calls the inner model's ``_stream``, so the inner model starts no
+        run of its own: what it would have put on its run goes on the wrapper's.
+        """
+        inner = self.model
+        if not isinstance(inner, BaseChatModel):
+            return self
+        if inner.callbacks:
+            own = self.callbacks
+            if own is None:
+                self.callbacks = (
+                    list(inner.callbacks) if isinstance(inner.callbacks, list) else inner.callbacks
+                )
+            elif isinstance(own, list) and isinstance(inner.callbacks, list):
+                self.callbacks = [*own, *(h for h in inner.callbacks if h not in own)]
+        if inner.tags:
+            tags = list(self.tags or [])
+            self.tags = [*tags, *(t for t in inner.tags if t not in tags)]
+        if inner.metadata:
+            own_metadata = dict(self.metadata or {})
+            versions = {
+                **(inner.metadata.get("lc_versions") or {}),
+                **(own_metadata.get("lc_versions") or {}),
+            }
+            self.metadata = {**inner.metadata, **own_metadata}
+            if versions:
+                self.metadata["lc_versions"] = versions
+        return self
+
     def _inner(self, config: RunnableConfig | None = None) -> BaseChatModel:
         """The chat model that answers a call with ``config``.
 

@@ -360,6 +360,34 @@ async def test_thinking_blocks_stay_in_the_answer_and_are_not_sent_to_another_pr
     assert _text_of(text) == ANSWER
 
 
+async def test_a_turn_restarted_on_a_fallback_has_the_fallbacks_answer_whatever_was_discarded(
+    entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    from langchain_anthropic import ChatAnthropic
+
+    thinking = [ScriptedThinking("The keeper's routine matters; describe it in order.")]
+    # cut inside the thinking block: nothing was shown, the fallback answers afresh
+    server.enqueue(cut_answer(ANTHROPIC, 4, thinking=thinking, chunk_size=6))
+    server.default = storm(ANTHROPIC, continuing())
+    thinker = ChatAnthropic(  # type: ignore[call-arg]
+        model=ANTHROPIC,
+        base_url=server.base_url_anthropic,
+        api_key="x",
+        max_retries=0,
+        max_tokens=4096,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+    )
+    model = RecoveringChatModel(
+        model=thinker,
+        fallbacks=[chat_model(OPENAI, server)],
+        retry_policy=policy(sleeps, max_attempts=2),
+    )
+    message, _ = await call(model, entry)
+    bare = chat_model(OPENAI, server).invoke("Tell me about the lighthouse")
+    assert message.content == bare.content == ANSWER
+    assert message.response_metadata["awaken"]["plans"] == ["R4", "R4"]
+
+
 # -- tool calls ------------------------------------------------------------------------------
 
 

@@ -185,6 +185,30 @@ async def test_a_turn_without_a_fault_leaves_the_traced_run_as_the_bare_model_le
     assert not any(k.startswith("awaken_") for k in run.extra.get("metadata", {}))
 
 
+@pytest.mark.parametrize("call", ["stream", "invoke"])
+async def test_callbacks_tags_and_metadata_set_on_the_inner_model_reach_its_run(
+    server: LoopbackProvider, drive: Drive, call: str
+) -> None:
+    def configured(tracer: RecordingTracer) -> ChatOpenAI:
+        model = inner(server)  # its metadata names the langchain-openai version
+        metadata = {**(model.metadata or {}), "tenant": "t1"}
+        return model.model_copy(
+            update={"callbacks": [tracer], "tags": ["team-a"], "metadata": metadata}
+        )
+
+    wrapped, bare = RecordingTracer(), RecordingTracer()
+    policy = RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait)
+    model = RecoveringChatModel(model=configured(wrapped), retry_policy=policy)
+    await getattr(drive, call)(model, PROMPT, config={"tags": ["per-call"]})
+    await getattr(drive, call)(configured(bare), PROMPT, config={"tags": ["per-call"]})
+    run, bare_run = model_run(wrapped), model_run(bare)
+    assert sorted(run.tags or []) == sorted(bare_run.tags or []) == ["per-call", "team-a"]
+    metadata = run.extra["metadata"]
+    assert metadata["tenant"] == "t1"
+    assert metadata["lc_versions"] == bare_run.extra["metadata"]["lc_versions"]
+    assert "langchain-openai" in metadata["lc_versions"]
+
+
 async def test_a_tracer_inside_a_chain_sees_the_retries_under_the_model_run(
     server: LoopbackProvider, drive: Drive
 ) -> None:

@@ -22,6 +22,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from langchain.agents import create_agent
+from langchain.agents.middleware import ModelFallbackMiddleware
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.tools import tool
@@ -172,6 +173,24 @@ def test_provider_resume_refuses_chat_openai_on_chat_completions(
 
 
 # -- one process -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault", [Fault.context_overflow(), Fault.http_error(401)], ids=["overflow", "auth"]
+)
+async def test_a_permanent_error_is_raised_as_the_bare_model_raises_it(
+    drive: Drive, fault: Fault
+) -> None:
+    raised = []
+    for model in ("bare", "wrapped"):
+        with LoopbackProvider([Scenario(fault=fault)]) as server:
+            chosen = chat(server) if model == "bare" else wrapped(server)
+            with pytest.raises(Exception) as caught:
+                await drive.invoke(chosen, "What is the capital of France?")
+            raised.append(type(caught.value))
+            assert len(server.requests) == 1
+    assert raised[0].__module__.startswith("langchain_openai")
+    assert raised[1] is raised[0]
 
 
 async def test_without_a_fault_the_answer_equals_the_bare_model_and_runs_in_background(
@@ -529,6 +548,49 @@ async def test_middleware_forwards_provider_resume_to_the_agents_model(drive: Dr
     assert thread[-1].text == TEXT
     assert len(server.requests_for("openai-responses")) == 2  # two turns, no recovery request
     assert len(server.retrievals()) == 1
+
+
+async def test_a_model_fallback_middleware_model_that_cannot_resume_answers_by_prompt(
+    drive: Drive,
+) -> None:
+    plain = Scenario(text=TEXT, chunk_size=7)
+    cut = after(plain, "response.output_text.delta", 3)
+    fallback_model = "gpt-4o-mini"
+
+    def respond(request: RecordedRequest) -> Scenario:
+        if (request.body or {}).get("model") == MODEL:  # the Responses model is overloaded
+            return Scenario(fault=Fault.overloaded())
+        return continuation_responder(plain)(request)
+
+    with LoopbackProvider(default=respond) as server:
+        # the fallback (Chat Completions) is cut mid-answer once
+        server.enqueue(
+            dataclasses.replace(plain, provider="openai", fault=Fault.drop_after_events(cut))
+        )
+        fallback = ChatOpenAI(
+            model=fallback_model, base_url=server.base_url_openai, api_key="x", max_retries=0
+        )
+        agent = create_agent(
+            chat(server),
+            [],
+            middleware=[
+                ModelFallbackMiddleware(fallback),
+                StreamRecoveryMiddleware(
+                    retry_policy=dataclasses.replace(
+                        NO_WAIT, max_attempts=1, overload_deadline=None
+                    ),
+                    provider_resume=True,
+                ),
+            ],
+        )
+        state = {"messages": [HumanMessage("What is the capital of France?")]}
+        if drive.mode == "sync":
+            thread = agent.invoke(state)["messages"]
+        else:
+            thread = (await agent.ainvoke(state))["messages"]
+    assert thread[-1].text == TEXT
+    assert thread[-1].response_metadata["awaken"]["plans"] == ["R1"]  # continued by prompt
+    assert server.retrievals() == []
 
 
 async def test_response_that_failed_meanwhile_is_continued_by_prompt(drive: Drive) -> None:
