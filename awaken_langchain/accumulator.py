@@ -30,6 +30,7 @@ from awaken_langchain.checkpoint import (
     NotExecutedToolCall,
     StreamCheckpoint,
     TextBlockStart,
+    unchecked_checkpoint,
 )
 from awaken_langchain.events import NotExecutedCall
 from awaken_langchain.recovery import INVALID_ARGS_MARKER, SeamFilter
@@ -236,6 +237,29 @@ def _size(block: Mapping[str, Any]) -> int:
     return len(json.dumps(block, ensure_ascii=False, default=str))
 
 
+class DeferredCheckpoint:
+    """A checkpoint captured on the stream's path, built when it is written.
+
+    Attributes:
+        run_id: The run the checkpoint is for.
+    """
+
+    __slots__ = ("_count", "_fields", "_parts", "_text", "run_id")
+
+    def __init__(self, fields: dict[str, Any], text: str, parts: list[str], count: int) -> None:
+        self.run_id: str = fields["run_id"]
+        self._fields = fields
+        self._text = text
+        self._parts = parts
+        self._count = count
+
+    def build(self) -> StreamCheckpoint:
+        """The checkpoint as it was when captured (any thread may call this)."""
+        count = self._count
+        text = self._text + "".join(self._parts[:count]) if count else self._text
+        return unchecked_checkpoint(partial_text=text, **self._fields)
+
+
 class TurnAccumulator:
     """Everything that has arrived of one assistant turn, across attempts.
 
@@ -384,23 +408,31 @@ class TurnAccumulator:
         Pass ``complete=True`` once the turn has finished: the checkpoint then
         holds the whole answer.
         """
+        return self.capture(**fields).build()
+
+    def capture(self, **fields: Any) -> DeferredCheckpoint:
+        """`snapshot`, built only when `DeferredCheckpoint.build` is called.
+
+        The text is captured by reference: its joined part and the pieces
+        released since, which are only ever appended to or replaced, never
+        changed in place. So the capture costs the same however long the turn
+        is, and a checkpoint a writer replaces with a newer one before writing
+        it is never built.
+        """
         call = self.in_flight
-        in_flight = (
+        fields["in_flight_tool_call"] = (
             InFlightToolCall(id=call.id, name=call.name, index=call.index, partial_args=call.args())
             if call is not None
             else None
         )
-        return StreamCheckpoint.model_construct(
-            partial_text=self.text,
-            completed_tool_calls=tuple(self.completed),
-            in_flight_tool_call=in_flight,
-            invalid_tool_calls=tuple(self.invalid),
-            completed_blocks=tuple(self.completed_blocks),
-            text_blocks=self._text_block_starts() if self.blocks else (),
-            content_blocks=self.blocks,
-            message_id=self.message_id,
-            **fields,
-        )
+        fields["completed_tool_calls"] = tuple(self.completed)
+        fields["invalid_tool_calls"] = tuple(self.invalid)
+        fields["completed_blocks"] = tuple(self.completed_blocks)
+        fields["text_blocks"] = self._text_block_starts() if self.blocks else ()
+        fields["content_blocks"] = self.blocks
+        fields["message_id"] = self.message_id
+        parts = self._text_parts
+        return DeferredCheckpoint(fields, self._text, parts, len(parts))
 
     # -- attempts -------------------------------------------------------------------
 

@@ -21,7 +21,12 @@ from langchain_core.outputs import ChatGenerationChunk
 from pydantic import ValidationError
 
 from awaken_langchain._provider_resume import ProviderStream, ProviderStreamGoneError
-from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, dumps_args
+from awaken_langchain.accumulator import (
+    CheckpointCadence,
+    DeferredCheckpoint,
+    TurnAccumulator,
+    dumps_args,
+)
 from awaken_langchain.checkpoint import ModelSpan, StreamCheckpoint
 from awaken_langchain.classify import _raised_inside_provider_sdk
 from awaken_langchain.errors import (
@@ -98,7 +103,7 @@ class Step:
     """What a driver does next, in this order: yield, write or delete, report, wait or raise."""
 
     chunks: list[ChatGenerationChunk] = field(default_factory=list)
-    write: StreamCheckpoint | None = None
+    write: StreamCheckpoint | DeferredCheckpoint | None = None
     delete: bool = False
     reports: list[Report] = field(default_factory=list)
     delay: float | None = None
@@ -554,36 +559,40 @@ class TurnEngine:
 
     # -- checkpoints ---------------------------------------------------------------------
 
-    def snapshot(self) -> StreamCheckpoint | None:
+    def snapshot(self) -> DeferredCheckpoint | None:
         """The checkpoint to write now, or ``None`` when nothing changed since the last."""
         if not self.checkpointing or not self.cadence.dirty:
             return None
         if self.provider is not None and self.provider.replaying:
             return None  # the stored checkpoint holds more than the rebuild so far
         self.cadence.written()
-        return self._record()
+        return self.acc.capture(**self._fields())
 
     def _record(self, *, complete: bool = False) -> StreamCheckpoint:
+        return self.acc.snapshot(**self._fields(complete=complete))
+
+    def _fields(self, *, complete: bool = False) -> dict[str, Any]:
+        """Every checkpoint field the accumulator does not hold."""
         self.checkpoint_writes += 1
         provider = self.provider
         whole = provider is not None and provider.whole_turn and provider.response_id is not None
-        return self.acc.snapshot(
-            provider_response_id=provider.response_id if whole and provider else None,
-            provider_sequence_number=provider.sequence_number if whole and provider else None,
-            run_id=self.key,
-            thread_id=self.request.thread_id,
-            model=self.model_id,
-            model_spans=(
+        return {
+            "provider_response_id": provider.response_id if whole and provider else None,
+            "provider_sequence_number": provider.sequence_number if whole and provider else None,
+            "run_id": self.key,
+            "thread_id": self.request.thread_id,
+            "model": self.model_id,
+            "model_spans": (
                 tuple(ModelSpan(model=m, start=at) for m, at in self.spans)
                 if len(self.spans) > 1
                 else ()
             ),
-            fingerprint=self.request.fingerprint,
-            retry_count=self.retries + self.continuations,
-            epoch=self.epoch or 0,
-            complete=complete,
-            keep_for=self.settings.keep_for if complete else None,
-        )
+            "fingerprint": self.request.fingerprint,
+            "retry_count": self.retries + self.continuations,
+            "epoch": self.epoch or 0,
+            "complete": complete,
+            "keep_for": self.settings.keep_for if complete else None,
+        }
 
     def store_unavailable(self, exc: StreamCheckpointError) -> list[Report]:
         """The store failed when the turn opened: the turn goes on without checkpoints."""

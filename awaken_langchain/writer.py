@@ -37,6 +37,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from awaken_langchain.accumulator import DeferredCheckpoint
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 from awaken_langchain.errors import StreamCheckpointError
 
@@ -65,6 +66,10 @@ The writer thread is a daemon: without this wait, a process that ends right
 after its turns would drop the closing writes and deletes those turns stopped
 waiting for (after ``checkpoint_deadline``), and leave their checkpoints behind."""
 _LIVE: weakref.WeakSet[CheckpointWriter] = weakref.WeakSet()
+_PROCESS = [os.getpid()]
+"""This process's id, kept up to date across ``fork`` (``os.getpid`` is a system call,
+and `writer_for` runs on every checkpoint)."""
+os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, os.getpid()))
 
 
 @atexit.register
@@ -98,7 +103,7 @@ class CheckpointWriter:
         self._clock = clock
         self._gather = gather
         self._cond = threading.Condition()
-        self._puts: dict[str, StreamCheckpoint] = {}
+        self._puts: dict[str, StreamCheckpoint | DeferredCheckpoint] = {}
         self._ops: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._failed: dict[str, StreamCheckpointError] = {}
         self._busy_since: float | None = None
@@ -107,8 +112,12 @@ class CheckpointWriter:
 
     # -- what streams call ------------------------------------------------------------
 
-    def submit(self, checkpoint: StreamCheckpoint) -> None:
-        """Hand over the newest state of a run; returns at once."""
+    def submit(self, checkpoint: StreamCheckpoint | DeferredCheckpoint) -> None:
+        """Hand over the newest state of a run; returns at once.
+
+        A `DeferredCheckpoint` is built on the writer thread, and only if no
+        newer one of its run arrives before the writer takes it.
+        """
         with self._cond:
             puts = self._puts
             first = not puts
@@ -211,14 +220,16 @@ class CheckpointWriter:
                         if remaining <= 0:
                             break
                         self._cond.wait(remaining)
-                puts = list(self._puts.values())
+                taken = list(self._puts.values())
                 self._puts.clear()
                 ops = list(self._ops)
                 self._ops.clear()
                 self._busy_since = self._clock()
             try:
-                if puts:
-                    self._commit(puts)
+                if taken:
+                    self._commit(
+                        [p.build() if isinstance(p, DeferredCheckpoint) else p for p in taken]
+                    )
                 for action, future in ops:
                     if future.set_running_or_notify_cancel():
                         try:
@@ -248,11 +259,11 @@ class CheckpointWriter:
 def writer_for(store: StreamCheckpointStore) -> CheckpointWriter:
     """The writer of ``store`` (one per store object and process)."""
     writer = store.__dict__.get(_ATTRIBUTE)
-    if isinstance(writer, CheckpointWriter) and writer._pid == os.getpid():
+    if isinstance(writer, CheckpointWriter) and writer._pid == _PROCESS[0]:
         return writer
     with _REGISTRY_LOCK:
         writer = store.__dict__.get(_ATTRIBUTE)
-        if not isinstance(writer, CheckpointWriter) or writer._pid != os.getpid():
+        if not isinstance(writer, CheckpointWriter) or writer._pid != _PROCESS[0]:
             writer = CheckpointWriter(store)
             store.__dict__[_ATTRIBUTE] = writer
         return writer

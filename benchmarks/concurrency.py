@@ -53,6 +53,7 @@ if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamCheckpoint
+from awaken_langchain.accumulator import DeferredCheckpoint
 from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter, writer_for
 from benchmarks._common import (
     REPO_ROOT,
@@ -152,7 +153,7 @@ class TimedWriter(CheckpointWriter):
         self.turn_waits: list[float] = []
         self._submitted = 0.0
 
-    def submit(self, checkpoint: StreamCheckpoint) -> None:
+    def submit(self, checkpoint: StreamCheckpoint | DeferredCheckpoint) -> None:
         start = time.perf_counter()
         super().submit(checkpoint)
         self._submitted = time.perf_counter() - start

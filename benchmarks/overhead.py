@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import sys
 import tempfile
 import time
@@ -76,6 +77,8 @@ class Row:
 
 
 def _timed(consume: Callable[[], int], chunks: int) -> tuple[float, float]:
+    gc.collect()  # each case starts from the same heap: a full collection left by the
+    # previous case's garbage would otherwise land in this one's time
     cpu, wall = time.process_time(), time.perf_counter()
     received = consume()
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall

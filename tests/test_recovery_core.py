@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
@@ -139,3 +141,42 @@ def test_accumulator_trims_the_seam_whitespace_after_a_whole_repeat() -> None:
     for piece in ["quick b", "rown", " fox", " jum", "ps."]:
         acc.feed(gen(AIMessageChunk(content=piece)))
     assert acc.text == "The quick brown fox jumps."
+
+
+_TURN_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("text"), st.text(alphabet=" ab\n.é", max_size=6)),
+        st.tuples(st.just("call"), st.sampled_from(['{"x": 1}', '{"y": '])),
+        st.tuples(st.just("read"), st.none()),
+        st.tuples(st.just("capture"), st.none()),
+        st.tuples(st.just("attempt"), st.booleans()),
+    ),
+    max_size=40,
+)
+
+
+@given(_TURN_STEPS)
+@settings(max_examples=300, deadline=None)
+def test_a_checkpoint_built_after_the_turn_went_on_is_the_turn_as_it_was_when_captured(
+    steps: list[tuple[str, object]],
+) -> None:
+    acc = TurnAccumulator("id")
+    captured = []
+    calls = 0
+    for action, value in steps:
+        if action == "text":
+            acc.feed(gen(AIMessageChunk(content=str(value))))
+        elif action == "call":
+            piece = tool_call_chunk(name="f", args=str(value), id=f"c{calls}", index=calls)
+            calls += 1
+            acc.feed(gen(AIMessageChunk(content="", tool_call_chunks=[piece])))
+        elif action == "read":
+            assert isinstance(acc.text, str)
+        elif action == "capture":
+            captured.append((acc.capture(run_id="r"), acc.snapshot(run_id="r")))
+        else:
+            acc.begin_attempt(continuing=bool(value))
+    for deferred, at_the_time in captured:
+        built = deferred.build()
+        assert built == at_the_time
+        assert built.model_dump() == at_the_time.model_dump()

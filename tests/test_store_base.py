@@ -17,6 +17,7 @@ from awaken_langchain.checkpoint import (
     TextBlockStart,
     encode_fields,
     encode_json,
+    unchecked_checkpoint,
 )
 from awaken_langchain.stores._base import (
     EncodedFields,
@@ -167,3 +168,32 @@ def test_appending_to_a_large_text_leaves_its_first_segment_alone() -> None:
         first, sizes = plan_append(sizes, 16)
         assert first >= 1
     assert sizes[0] == 200_000
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"run_id": "run-1"},
+        {"run_id": "r", "partial_text": "text", "retry_count": 3, "epoch": 9, "complete": True},
+        {
+            "run_id": "r",
+            "completed_tool_calls": (CompletedToolCall(id="a", name="t", args={"x": 1}),),
+            "in_flight_tool_call": InFlightToolCall(partial_args='{"'),
+            "model_spans": (ModelSpan(model="m", start=2),),
+            "text_blocks": (TextBlockStart(fields={"id": "x"}),),
+            "provider_response_id": "resp_1",
+            "provider_sequence_number": 4,
+            "keep_for": 60.0,
+        },
+    ],
+    ids=["run-id-only", "scalars", "records"],
+)
+def test_an_unchecked_checkpoint_is_the_one_model_construct_builds(fields: dict[str, Any]) -> None:
+    fast = unchecked_checkpoint(**fields)
+    slow = StreamCheckpoint.model_construct(**fields)
+    assert fast == slow
+    assert fast.model_fields_set == slow.model_fields_set
+    assert list(fast.__dict__) == list(slow.__dict__)
+    assert fast.model_dump_json() == slow.model_dump_json()
+    assert encode_fields(fast, 1.5) == encode_fields(slow, 1.5)
+    assert repr(fast) == repr(slow)
