@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -420,9 +420,11 @@ class RecoveringChatModel(BaseChatModel):
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
         return self._inner()._get_ls_params(stop=stop, **kwargs)
 
-    def _model_id(self, inner: BaseChatModel | None = None) -> str:
+    def _model_id(
+        self, inner: BaseChatModel | None = None, params: Mapping[str, Any] | None = None
+    ) -> str:
         inner = inner or self._inner()
-        params = inner._get_ls_params()
+        params = inner._get_ls_params() if params is None else params
         return model_identifier(inner._llm_type, params.get("ls_model_name"))
 
     # -- public entry points: capture the run id and config ------------------------------
@@ -607,7 +609,8 @@ class RecoveringChatModel(BaseChatModel):
         problem = provider_resume_problem(inner) if self.provider_resume else None
         if problem is not None:  # a configurable model resolved to another model
             raise ValueError(problem)
-        model_id = self._model_id(inner)
+        params = inner._get_ls_params()
+        model_id = self._model_id(inner, params)
         settings = model_settings(inner)
         fingerprint = request_fingerprint(
             messages, stop=stop, kwargs=kwargs, model=model_id, settings=settings
@@ -653,7 +656,6 @@ class RecoveringChatModel(BaseChatModel):
             standard_blocks=not whole and getattr(inner, "output_version", None) == "v1",
             provider_resume=self.provider_resume,
         )
-        params = inner._get_ls_params()
         reporter = Reporter(
             ctx.run_id,
             self._callback_settings(ctx),
@@ -1016,6 +1018,8 @@ class RecoveringChatModel(BaseChatModel):
     # -- helpers ----------------------------------------------------------------------------------
 
     def _idle_timeout(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> float | None:
+        if self.reasoning_stream_idle_timeout == self.stream_idle_timeout:
+            return self.stream_idle_timeout
         if self._is_reasoning(inner, kwargs):
             return self.reasoning_stream_idle_timeout
         return self.stream_idle_timeout
@@ -1023,7 +1027,8 @@ class RecoveringChatModel(BaseChatModel):
     def _is_reasoning(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> bool:
         if any(kwargs.get(k) for k in _REASONING_KWARGS):
             return True
-        if any(getattr(inner, k, None) for k in _REASONING_KWARGS):
+        settings = model_settings(inner)
+        if any(settings.get(k) for k in _REASONING_KWARGS):
             return True
         name = str(inner._get_ls_params().get("ls_model_name") or "").lower()
         return any(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -56,11 +57,33 @@ _OUTPUT_SHAPING_FIELDS = (
 
 def model_settings(model: object) -> dict[str, Any]:
     """The inner model's settings that shape its output (those it has)."""
-    return {
-        name: value
-        for name in _OUTPUT_SHAPING_FIELDS
-        if (value := getattr(model, name, None)) is not None
-    }
+    names = _settings_on(type(model))
+    extra = getattr(model, "__pydantic_extra__", None)
+    if extra:  # set on the model, not declared by its class
+        names = (*names, *(n for n in _OUTPUT_SHAPING_FIELDS if n in extra and n not in names))
+    return {name: value for name in names if (value := getattr(model, name, None)) is not None}
+
+
+_SETTINGS_ON: weakref.WeakKeyDictionary[type, tuple[str, ...]] = weakref.WeakKeyDictionary()
+
+
+def _settings_on(cls: type) -> tuple[str, ...]:
+    """Which settings a class of model can have.
+
+    A pydantic model answers a name it lacks by raising inside ``__getattr__``,
+    which costs more than the rest of a turn's set-up: only the names it
+    declares as fields or class attributes are read.
+    """
+    names = _SETTINGS_ON.get(cls)
+    if names is None:
+        fields = getattr(cls, "model_fields", None)
+        names = (
+            tuple(n for n in _OUTPUT_SHAPING_FIELDS if n in fields or hasattr(cls, n))
+            if isinstance(fields, Mapping)
+            else _OUTPUT_SHAPING_FIELDS
+        )
+        _SETTINGS_ON[cls] = names
+    return names
 
 
 def _plain(value: Any, depth: int = 0) -> Any:

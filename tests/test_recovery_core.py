@@ -7,12 +7,16 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGenerationChunk
+from langchain_openai import ChatOpenAI
+from pydantic import BaseModel, ConfigDict
 
 from awaken_langchain.accumulator import TurnAccumulator, strict_args
 from awaken_langchain.recovery import Plan, SeamFilter, choose_plan, continuation_messages
+from awaken_langchain.request import _OUTPUT_SHAPING_FIELDS, model_settings
 
 
 @pytest.mark.parametrize(
@@ -180,3 +184,47 @@ def test_a_checkpoint_built_after_the_turn_went_on_is_the_turn_as_it_was_when_ca
         built = deferred.build()
         assert built == at_the_time
         assert built.model_dump() == at_the_time.model_dump()
+
+
+def _settings_read_one_by_one(model: object) -> dict[str, object]:
+    return {
+        name: value
+        for name in _OUTPUT_SHAPING_FIELDS
+        if (value := getattr(model, name, None)) is not None
+    }
+
+
+class _ExtraSettingsModel(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    temperature: float | None = None
+
+
+class _PlainModel:
+    def __init__(self) -> None:
+        self.seed = 7
+        self.top_p = 0.5
+
+    def __getattr__(self, name: str) -> object:
+        if name == "thinking":
+            return {"type": "enabled"}
+        raise AttributeError(name)
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        ChatOpenAI(model="gpt-4o", api_key="k", temperature=0.2, seed=3, reasoning_effort="low"),
+        ChatOpenAI(model="gpt-4o", api_key="k", use_responses_api=True, output_version="v1"),
+        ChatAnthropic(
+            model="claude-sonnet-4-5",
+            api_key="k",
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        ),
+        _ExtraSettingsModel(temperature=0.1, seed=5, stop=["x"], unrelated=1),
+        _PlainModel(),
+    ],
+    ids=["chat-completions", "responses", "anthropic-thinking", "extra-allowed", "plain-object"],
+)
+def test_model_settings_are_every_output_shaping_setting_the_model_has(model: object) -> None:
+    assert model_settings(model) == _settings_read_one_by_one(model)
