@@ -29,21 +29,27 @@ until each chunk is due. Per turn they measure:
 - CPU per chunk of the process (all threads, the writer's too);
 - the check: every turn delivered exactly its own text.
 
+``--no-full-gc`` runs the paced cases with the garbage collector kept to its
+young generations, to show what full collections (whose pause grows with every
+object the process holds) add to lateness and lag, bare and wrapped alike.
+
 Run: ``python -m benchmarks.concurrency [--streams 256] [--processes 4] [--chars 1024]
-[--paced-chars 1200] [--rate 30] [--only unpaced|paced]``
+[--paced-chars 1200] [--rate 30] [--only unpaced|paced] [--no-full-gc]``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import gc
 import json
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,11 +256,32 @@ async def _paced_turns(
     }
 
 
+@contextlib.contextmanager
+def _full_collections(enabled: bool) -> Iterator[None]:
+    """Leave the garbage collector as it is, or (``enabled=False``) keep it to its
+    young generations: no full collection, whose pause grows with every object the
+    process holds (LangChain keeps each chunk of a turn until the turn ends)."""
+    before = gc.get_threshold()
+    if not enabled:
+        gc.set_threshold(before[0], before[1], 1_000_000_000)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def paced_child(
-    store_name: str, location: str, streams: int, chars: int, rate: float, tag: str
+    store_name: str,
+    location: str,
+    streams: int,
+    chars: int,
+    rate: float,
+    tag: str,
+    full_gc: bool = True,
 ) -> None:
     """One of several processes: run paced turns and print the samples as JSON."""
-    result = asyncio.run(_paced_turns(store_name, location, streams, chars, rate, tag))
+    with _full_collections(full_gc):
+        result = asyncio.run(_paced_turns(store_name, location, streams, chars, rate, tag))
     print(json.dumps(result))
 
 
@@ -315,7 +342,13 @@ def _paced_row(case: str, store: str, results: list[dict[str, Any]]) -> PacedRow
 
 
 def _paced_processes(
-    store_name: str, location: str, processes: int, streams: int, chars: int, rate: float
+    store_name: str,
+    location: str,
+    processes: int,
+    streams: int,
+    chars: int,
+    rate: float,
+    full_gc: bool,
 ) -> list[dict[str, Any]]:
     children = [
         subprocess.Popen(
@@ -323,7 +356,8 @@ def _paced_processes(
                 sys.executable,
                 "-c",
                 "from benchmarks.concurrency import paced_child\n"
-                f"paced_child({store_name!r}, {location!r}, {streams}, {chars}, {rate}, 'p{n}-')\n",
+                f"paced_child({store_name!r}, {location!r}, {streams}, {chars}, {rate}, 'p{n}-', "
+                f"{full_gc})\n",
             ],
             cwd=REPO_ROOT,
             env=child_env(),
@@ -347,8 +381,13 @@ def paced(
     chars: int = 1_200,
     rate: float = 30.0,
     stores: tuple[str, ...] = (),
+    full_gc: bool = True,
 ) -> list[PacedRow]:
-    """Run the paced cases (on ``stores``, default diskcache and Redis), print a table."""
+    """Run the paced cases (on ``stores``, default diskcache and Redis), print a table.
+
+    ``full_gc=False`` runs them without full garbage collections, to show what
+    those pauses add to lateness and lag (the same for the bare stream).
+    """
     per_process = max(1, streams // processes)
     rows = []
     with redis_server() as server, tempfile.TemporaryDirectory() as tmp:
@@ -359,18 +398,20 @@ def paced(
         ]
         for name in ["bare", *names[:1]]:
             location = f"{tmp}/one-{name}"
-            result = asyncio.run(_paced_turns(name, location, streams, chars, rate, "one-"))
+            with _full_collections(full_gc):
+                result = asyncio.run(_paced_turns(name, location, streams, chars, rate, "one-"))
             rows.append(_paced_row(f"1 process x {streams}", name, [result]))
         for name in ["bare", *names]:
             location = server if name == "redis" and server else f"{tmp}/shared"
-            results = _paced_processes(name, location, processes, per_process, chars, rate)
+            results = _paced_processes(name, location, processes, per_process, chars, rate, full_gc)
             row = _paced_row(f"{processes} processes x {per_process}", name, results)
             if name != "bare":
                 row.left = _left(name, location)
             rows.append(row)
     print(
         f"## Paced turns: {chars // 4} chunks of 4 characters at {rate:g} chunks/s each, "
-        f"checkpoints at the default cadence; {machine_line()}"
+        f"checkpoints at the default cadence{'' if full_gc else ', no full collections'}; "
+        f"{machine_line()}"
     )
     print(
         table(
@@ -551,8 +592,20 @@ if __name__ == "__main__":
     parser.add_argument("--paced-chars", type=int, default=1_200, help="characters per paced turn")
     parser.add_argument("--rate", type=float, default=30.0, help="chunks/s of a paced stream")
     parser.add_argument("--only", choices=["unpaced", "paced"], help="run one kind of case")
+    parser.add_argument(
+        "--no-full-gc",
+        action="store_true",
+        help="paced cases without full garbage collections (young generations only)",
+    )
     args = parser.parse_args()
     if args.only != "paced":
         main(args.streams, args.processes, args.chars, tuple(args.stores))
     if args.only != "unpaced":
-        paced(args.streams, args.processes, args.paced_chars, args.rate, tuple(args.stores))
+        paced(
+            args.streams,
+            args.processes,
+            args.paced_chars,
+            args.rate,
+            tuple(args.stores),
+            full_gc=not args.no_full_gc,
+        )

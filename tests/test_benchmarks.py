@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -138,6 +139,19 @@ def test_paced_benchmark_measures_store_waits_and_checkpoint_lag(
         assert row.set_floor_us is not None
         assert row.set_floor_us > 0
     assert "lag p99 ms" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_paced_benchmark_without_full_collections_leaves_the_collector_as_it_found_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = gc.get_threshold()
+
+    rows = concurrency.paced(streams=2, processes=2, chars=24, stores=("diskcache",), full_gc=False)
+
+    assert gc.get_threshold() == before
+    assert all(row.ok == row.turns == 2 and row.left == 0 for row in rows)
+    assert "no full collections" in capsys.readouterr().out
 
 
 @pytest.mark.slow
