@@ -282,6 +282,8 @@ class TurnEngine:
     @property
     def model_id(self) -> str:
         """The model in effect."""
+        if not self.in_effect:
+            return self.settings.model_id
         return self.model_ids[self.in_effect]
 
     def _adopt_model(self, checkpoint: StreamCheckpoint) -> None:

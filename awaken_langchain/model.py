@@ -757,7 +757,8 @@ class RecoveringChatModel(BaseChatModel):
                     for chunk in out:
                         yield _generation(chunk, generation)
                     if due:
-                        self._store_step(engine, reporter, Step(write=engine.snapshot()))
+                        for report in self._hand_over(engine, engine.snapshot()):
+                            reporter.report(report)
                 engine.check_complete()
                 break
             except Exception as exc:
@@ -797,17 +798,27 @@ class RecoveringChatModel(BaseChatModel):
         for report in step.reports:
             reporter.report(report)
 
+    def _hand_over(
+        self, engine: TurnEngine, write: StreamCheckpoint | DeferredCheckpoint | None
+    ) -> list[Report]:
+        """Give the store's writer the turn's newest checkpoint; the stream goes on."""
+        store = self.store
+        if store is None or write is None:
+            return []
+        writer = writer_for(store)
+        writer.submit(write)
+        return _store_health(engine, writer, self.checkpoint_deadline)
+
     def _store_step(
         self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
     ) -> None:
         store = self.store
         if store is None or (step.write is None and not step.delete):
             return
-        writer = writer_for(store)
         if step.write is not None and not closing and step.error is None:
-            writer.submit(step.write)  # the stream goes on; the writer commits it
-            reports = _store_health(engine, writer, self.checkpoint_deadline)
+            reports = self._hand_over(engine, step.write)
         else:  # the turn ends: its last write or delete lands before it returns
+            writer = writer_for(store)
             try:
                 last = writer.call(_last_action(store, engine, step))
                 writer.wait(last, self.checkpoint_deadline)
@@ -902,7 +913,8 @@ class RecoveringChatModel(BaseChatModel):
                     for chunk in out:
                         yield _generation(chunk, generation)
                     if due:
-                        await self._astore_step(engine, reporter, Step(write=engine.snapshot()))
+                        for report in self._hand_over(engine, engine.snapshot()):
+                            await reporter.areport(report)
                 engine.check_complete()
                 break
             except Exception as exc:
@@ -957,11 +969,10 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is None or (step.write is None and not step.delete):
             return
-        writer = writer_for(store)
         if step.write is not None and not closing and step.error is None:
-            writer.submit(step.write)  # the stream goes on; the writer commits it
-            reports = _store_health(engine, writer, self.checkpoint_deadline)
+            reports = self._hand_over(engine, step.write)
         else:  # the turn ends: its last write or delete lands before it returns
+            writer = writer_for(store)
             try:
                 last = writer.call(_last_action(store, engine, step))
                 await writer.await_(last, self.checkpoint_deadline)
