@@ -407,14 +407,16 @@ class RecoveringChatModel(BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        params = {
-            "inner": {"llm_type": self._inner()._llm_type, **self._inner()._identifying_params},
+        """The inner model's parameters, where tracers read them, and the wrapper's own."""
+        inner = self._inner()
+        awaken: dict[str, Any] = {
+            "inner_llm_type": inner._llm_type,
             "max_attempts": self.retry_policy.max_attempts,
             "max_continuations": self.retry_policy.max_continuations,
         }
         if self.fallbacks:
-            params["fallbacks"] = [self._model_id(m) for m in self.fallbacks]
-        return params
+            awaken["fallbacks"] = [self._model_id(m) for m in self.fallbacks]
+        return {**inner._identifying_params, "awaken": awaken}
 
     @override
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:

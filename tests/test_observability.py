@@ -183,6 +183,10 @@ async def test_a_turn_without_a_fault_leaves_the_traced_run_as_the_bare_model_le
     assert lifecycle == ["start", "end"]
     assert run.tags == bare_run.tags
     assert not any(k.startswith("awaken_") for k in run.extra.get("metadata", {}))
+    params, bare_params = run.extra["invocation_params"], bare_run.extra["invocation_params"]
+    assert {k: v for k, v in params.items() if k not in ("_type", "awaken")} == {
+        k: v for k, v in bare_params.items() if k != "_type"
+    }  # model, temperature, ...: where tracing dashboards read them
 
 
 @pytest.mark.parametrize("call", ["stream", "invoke"])
