@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
+import os
 import queue
 import socket
 import threading
 import types
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.outputs import ChatGenerationChunk
@@ -29,6 +31,66 @@ from langchain_core.outputs import ChatGenerationChunk
 from awaken_langchain.errors import StreamStalledError
 
 __all__ = ["Pump", "with_idle_timeout"]
+
+
+_PUMPING, _PARKED = "awaken-stream-pump", "awaken-stream-pump (idle)"
+
+
+class _Workers:
+    """Daemon threads that run pumps, each kept a while for the next one.
+
+    Starting a thread costs about as much as a short turn's whole overhead; a
+    sync stream with the idle timeout needs one per attempt. A worker left
+    without work for ``idle`` seconds ends. A worker still blocked in a read
+    that could not be interrupted is simply not free: the next pump gets
+    another. Workers are daemons, so a blocked one never holds up the
+    interpreter's exit.
+    """
+
+    def __init__(self, idle: float = 30.0) -> None:
+        self._idle = idle
+        self._lock = threading.Lock()
+        self._parked: list[queue.SimpleQueue[Callable[[], object]]] = []
+
+    def run(self, job: Callable[[], object]) -> None:
+        """Run ``job`` on a parked worker, or on a new one."""
+        with self._lock:
+            inbox = self._parked.pop() if self._parked else None
+        if inbox is not None:
+            inbox.put(job)
+            return
+        inbox = queue.SimpleQueue()
+        inbox.put(job)
+        threading.Thread(target=self._work, args=(inbox,), name=_PUMPING, daemon=True).start()
+
+    def _work(self, inbox: queue.SimpleQueue[Callable[[], object]]) -> None:
+        me = threading.current_thread()
+        job: Callable[[], object] | None = inbox.get()
+        while job is not None:
+            me.name = _PUMPING
+            with contextlib.suppress(BaseException):  # a pump hands its errors to its reader
+                job()
+            job = None  # a parked worker keeps nothing of the stream it pumped
+            me.name = _PARKED
+            with self._lock:
+                self._parked.append(inbox)
+            try:
+                job = inbox.get(timeout=self._idle)
+            except queue.Empty:
+                with self._lock:
+                    if inbox in self._parked:  # nobody took this worker meanwhile: end
+                        self._parked.remove(inbox)
+                        return
+                job = inbox.get()  # taken just as the wait ended: its job is on the way
+
+    def forget(self) -> None:
+        """Drop the parked workers (after ``fork``: their threads are not in the child)."""
+        self._parked = []
+        self._lock = threading.Lock()
+
+
+_WORKERS = _Workers()
+os.register_at_fork(after_in_child=_WORKERS.forget)
 
 
 class Pump:
@@ -51,10 +113,7 @@ class Pump:
         self._stop = threading.Event()
         self._ended = threading.Event()
         context = contextvars.copy_context()
-        self._thread = threading.Thread(
-            target=context.run, args=(self._run,), name="awaken-stream-pump", daemon=True
-        )
-        self._thread.start()
+        _WORKERS.run(functools.partial(context.run, self._run))
 
     def _run(self) -> None:
         put = self._queue.put

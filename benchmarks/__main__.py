@@ -26,7 +26,7 @@ def main(quick: bool = False) -> None:
     """Run the benchmarks in turn, each printing its own table."""
     started = time.perf_counter()
     if quick:
-        overhead.main(chunks=2_000, rounds=1)
+        overhead.main(chunks=2_000, rounds=1, turns=50)
         checkpoint_put.main(size=20_000, small=2_000, puts=20)
         checkpoint_growth.main(tokens=(100, 1_000))
         recovery_latency.main(prefixes=(1_000, 10_000), repeats=3, processes=1)

@@ -17,7 +17,12 @@ itself, and would hide the overhead being measured.
 
 Goals: no store at most 1.25x the bare CPU time; DiskCache at most 1.75x.
 
-Run: ``python -m benchmarks.overhead [--chunks 20000] [--rounds 3]``
+A second table streams ``--turns`` short turns (8 chunks each by default) per
+case: what a turn costs to open and close (its set-up, the store's claim and
+the turn's last write or delete) shows there.
+
+Run: ``python -m benchmarks.overhead [--chunks 20000] [--rounds 3] [--turns 1000]
+[--turn-chunks 8]``
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Row:
     cpu_ratio: float = 0.0
     wall_ratio: float = 0.0
     per_chunk_us: float = 0.0
+    per_turn_us: float = 0.0
 
 
 def _timed(consume: Callable[[], int], chunks: int) -> tuple[float, float]:
@@ -100,8 +106,8 @@ def _model(
     return model, store
 
 
-def measure(chunks: int, rounds: int, path: str) -> list[Row]:
-    """Measure every case on the ``sync`` or ``async`` path."""
+def measure(chunks: int, rounds: int, path: str, turns: int = 1) -> list[Row]:
+    """Measure every case on the ``sync`` or ``async`` path: ``turns`` turns of ``chunks``."""
     inner = TokenStreamModel(tokens=chunks)
     best: dict[str, list[float]] = {c.name: [float("inf"), float("inf")] for c in CASES}
     with tempfile.TemporaryDirectory() as tmp:
@@ -112,20 +118,21 @@ def measure(chunks: int, rounds: int, path: str) -> list[Row]:
                     if path == "sync":
 
                         def consume(model: BaseChatModel = model) -> int:
-                            return sum(1 for _ in model.stream("hi"))
+                            return sum(1 for i in range(turns) for _ in model.stream(f"hi {i}"))
 
                     else:
 
                         def consume(model: BaseChatModel = model) -> int:
                             async def drain() -> int:
                                 n = 0
-                                async for _ in model.astream("hi"):
-                                    n += 1
+                                for i in range(turns):
+                                    async for _ in model.astream(f"hi {i}"):
+                                        n += 1
                                 return n
 
                             return asyncio.run(drain())
 
-                    cpu, wall = _timed(consume, chunks)
+                    cpu, wall = _timed(consume, chunks * turns)
                     best[case.name][0] = min(best[case.name][0], cpu)
                     best[case.name][1] = min(best[case.name][1], wall)
         finally:
@@ -144,14 +151,22 @@ def measure(chunks: int, rounds: int, path: str) -> list[Row]:
                 wall,
                 cpu / base_cpu,
                 wall / base_wall,
-                (cpu - base_cpu) / chunks * 1e6,
+                (cpu - base_cpu) / (chunks * turns) * 1e6,
+                (cpu - base_cpu) / turns * 1e6,
             )
         )
     return rows
 
 
-def main(chunks: int = 20_000, rounds: int = 3) -> list[Row]:
-    """Measure the sync and async paths, print one table, and return the rows."""
+def main(
+    chunks: int = 20_000, rounds: int = 3, turns: int = 1_000, turn_chunks: int = 8
+) -> list[Row]:
+    """Measure the sync and async paths, print the tables, and return the rows.
+
+    One long stream gives the cost of a chunk; ``turns`` short turns of
+    ``turn_chunks`` chunks each (``turns=0``: not measured) add what a turn
+    costs to open and close (its claim, its last write or delete, its set-up).
+    """
     rows = measure(chunks, rounds, "sync") + measure(chunks, rounds, "async")
     print(f"## Per-chunk overhead: {chunks:,} chunks, best of {rounds} rounds; {machine_line()}")
     print(
@@ -172,12 +187,40 @@ def main(chunks: int = 20_000, rounds: int = 3) -> list[Row]:
         )
     )
     print()
-    return rows
+    if turns <= 0:
+        return rows
+    short = measure(turn_chunks, rounds, "sync", turns) + measure(
+        turn_chunks, rounds, "async", turns
+    )
+    print(
+        f"## Per-turn overhead: {turns:,} turns of {turn_chunks} chunks, best of {rounds} "
+        f"rounds; {machine_line()}"
+    )
+    print(
+        table(
+            ["path", "case", "CPU s", "CPU ratio", "CPU us/turn", "extra CPU us/turn"],
+            [
+                (
+                    r.path,
+                    r.case,
+                    r.cpu_s,
+                    f"{r.cpu_ratio:.2f}x",
+                    r.cpu_s / turns * 1e6,
+                    r.per_turn_us,
+                )
+                for r in short
+            ],
+        )
+    )
+    print()
+    return rows + short
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--chunks", type=int, default=20_000, help="chunks per stream")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
+    parser.add_argument("--turns", type=int, default=1_000, help="short turns (0: none)")
+    parser.add_argument("--turn-chunks", type=int, default=8, help="chunks per short turn")
     args = parser.parse_args()
-    main(args.chunks, args.rounds)
+    main(args.chunks, args.rounds, args.turns, args.turn_chunks)

@@ -24,13 +24,15 @@ from tests.conftest import REPO_ROOT
 def test_overhead_benchmark_compares_every_case_with_the_bare_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rows = overhead.main(chunks=200, rounds=1)
+    rows = overhead.main(chunks=200, rounds=1, turns=3, turn_chunks=4)
 
-    assert [r.path for r in rows] == ["sync"] * 7 + ["async"] * 7
+    assert [r.path for r in rows] == (["sync"] * 7 + ["async"] * 7) * 2
     assert {r.case for r in rows} == {case.name for case in overhead.CASES}
     assert all(r.cpu_s > 0 and r.wall_s > 0 for r in rows)
-    assert [r.cpu_ratio for r in rows if r.case == "bare inner model"] == [1.0, 1.0]
-    assert "CPU ratio" in capsys.readouterr().out
+    assert [r.cpu_ratio for r in rows if r.case == "bare inner model"] == [1.0] * 4
+    out = capsys.readouterr().out
+    assert "CPU ratio" in out
+    assert "Per-turn overhead: 3 turns of 4 chunks" in out
 
 
 def test_write_growth_benchmark_counts_puts_and_bytes_per_store() -> None:

@@ -39,7 +39,8 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamCheckpointStore,
 )
-from awaken_langchain.errors import StreamCheckpointWarning
+from awaken_langchain._idle import Pump
+from awaken_langchain.errors import StreamCheckpointWarning, StreamStalledError
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from awaken_langchain.testing import ScriptedChatModel, Stall, finish, text
 from awaken_langchain.writer import writer_for
@@ -441,6 +442,35 @@ async def test_a_stalled_stream_is_closed_as_soon_as_the_wrapper_gives_up_on_it(
         for thread in pump_threads():
             thread.join(timeout=1.0)
         assert pump_threads() == []
+
+
+def test_sync_streams_one_after_another_are_read_by_one_reused_thread() -> None:
+    readers: list[threading.Thread] = []
+
+    def source() -> Iterator[str]:
+        readers.append(threading.current_thread())
+        yield "x"
+
+    for _ in range(20):
+        assert list(Pump(source(), 5.0)) == ["x"]
+    # a stream may start before the previous reader is free again: at most one more
+    assert len(set(readers)) <= 2
+
+
+def test_a_reader_stuck_in_an_uninterruptible_read_does_not_hold_up_the_next_stream() -> None:
+    release = threading.Event()
+
+    def stuck() -> Iterator[Any]:
+        release.wait(10)
+        yield from ()
+
+    try:
+        with pytest.raises(StreamStalledError):
+            list(Pump(stuck(), 0.1))
+        follow = list(Pump(iter(["x", "y"]), 5.0))
+        assert follow == ["x", "y"]
+    finally:
+        release.set()
 
 
 async def test_a_closing_write_the_turn_gave_up_waiting_for_still_lands() -> None:
