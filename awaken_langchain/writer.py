@@ -242,9 +242,7 @@ class CheckpointWriter:
                 self._busy_since = self._clock()
             try:
                 if taken:
-                    self._commit(
-                        [p.build() if isinstance(p, DeferredCheckpoint) else p for p in taken]
-                    )
+                    self._commit(taken)
                 for action, future in ops:
                     if future.set_running_or_notify_cancel():
                         try:
@@ -255,16 +253,18 @@ class CheckpointWriter:
                 with self._cond:
                     self._busy_since = None
 
-    def _commit(self, puts: list[StreamCheckpoint]) -> None:
+    def _commit(self, taken: list[StreamCheckpoint | DeferredCheckpoint]) -> None:
+        errors: list[StreamCheckpointError | None]
         try:
+            puts = [p.build() if isinstance(p, DeferredCheckpoint) else p for p in taken]
             errors = self.store.put_many(puts)
         except StreamCheckpointError as exc:
-            errors = [exc] * len(puts)
+            errors = [exc] * len(taken)
         except Exception as exc:  # a store must raise StreamCheckpointError; never die here
             wrapped = StreamCheckpointError(f"{type(self.store).__name__}.put failed", cause=exc)
-            errors = [wrapped] * len(puts)
+            errors = [wrapped] * len(taken)
         with self._cond:
-            for checkpoint, error in zip(puts, errors, strict=True):
+            for checkpoint, error in zip(taken, errors, strict=True):
                 if error is None:
                     self._failed.pop(checkpoint.run_id, None)
                 else:

@@ -40,7 +40,12 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain._idle import Pump
-from awaken_langchain.errors import StreamCheckpointWarning, StreamStalledError
+from awaken_langchain.accumulator import DeferredCheckpoint
+from awaken_langchain.errors import (
+    StreamCheckpointError,
+    StreamCheckpointWarning,
+    StreamStalledError,
+)
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from awaken_langchain.testing import ScriptedChatModel, Stall, finish, text
 from awaken_langchain.writer import writer_for
@@ -547,3 +552,25 @@ def test_checkpoints_gather_while_they_arrive_and_one_after_a_quiet_spell_is_wri
     began, texts = store.batches[-1]
     assert texts == ["3"]
     assert began - submitted < 0.2  # not held for the gathering time
+
+
+def test_a_checkpoint_that_cannot_be_built_is_reported_and_the_writer_goes_on() -> None:
+    class Broken(DeferredCheckpoint):
+        def build(self) -> StreamCheckpoint:
+            raise RuntimeError("cannot build")
+
+    store = InMemoryStreamCheckpointStore()
+    writer = writer_for(store)
+    writer.submit(Broken({"run_id": "broken"}, "", [], 0))
+    assert writer.flush(5.0)
+    problem = writer.problem("broken", 60.0)
+    assert isinstance(problem, StreamCheckpointError)
+    assert isinstance(problem.cause, RuntimeError)
+
+    epoch = store.claim("fine")
+    writer.submit(StreamCheckpoint(run_id="fine", partial_text="kept", epoch=epoch))
+    assert writer.flush(5.0)
+    kept = store.get("fine")
+    assert kept is not None
+    assert kept.partial_text == "kept"
+    assert store.get("broken") is None
