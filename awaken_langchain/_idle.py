@@ -228,7 +228,9 @@ class _IdleWatch:
     """One timer for a whole stream, cancelling the task whose wait for a chunk ran too long.
 
     A timer per wait (``asyncio.timeout`` around each read) costs about as much
-    as the chunk itself. Here each wait only records when it began; the single
+    as the chunk itself. Here each wait only records when it began (in
+    `_watched`, the one reader, which sets ``_task`` and ``_since`` and arms
+    ``_handle`` when no timer is pending); the single
     timer, when it fires, cancels the waiting task if the current wait has
     lasted ``timeout`` seconds, and otherwise re-arms itself for that wait's
     deadline. Time the caller spends between reads never counts.
@@ -241,17 +243,6 @@ class _IdleWatch:
         self._task: asyncio.Task[Any] | None = None
         self._since: float | None = None
         self._handle: asyncio.TimerHandle | None = None
-
-    def begin(self) -> None:
-        """A wait for the next chunk starts now."""
-        self._task = asyncio.current_task()
-        self._since = now = self._loop.time()
-        if self._handle is None:
-            self._handle = self._loop.call_at(now + self.timeout, self._check)
-
-    def end(self) -> None:
-        """The wait is over (a chunk, the end, or an error arrived)."""
-        self._since = None
 
     def stalled(self) -> bool:
         """After a cancellation: whether it was this watch's, and the only one pending."""
@@ -299,7 +290,7 @@ async def _closing(
 async def _watched(
     iterator: AsyncIterator[ChatGenerationChunk], idle_timeout: float
 ) -> AsyncIterator[ChatGenerationChunk]:
-    # `_IdleWatch.begin` and `end`, inlined: this loop runs once per chunk
+    # the watch's state is set here, not through methods: this loop runs once per chunk
     received = 0
     watch = _IdleWatch(idle_timeout)
     loop, read, current_task = watch._loop, iterator.__anext__, asyncio.current_task
