@@ -260,6 +260,11 @@ class DeferredCheckpoint:
         return unchecked_checkpoint(partial_text=text, **self._fields)
 
 
+def built(checkpoint: StreamCheckpoint | DeferredCheckpoint) -> StreamCheckpoint:
+    """``checkpoint`` itself, or the checkpoint a capture stands for."""
+    return checkpoint.build() if isinstance(checkpoint, DeferredCheckpoint) else checkpoint
+
+
 class TurnAccumulator:
     """Everything that has arrived of one assistant turn, across attempts.
 

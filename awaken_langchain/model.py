@@ -33,7 +33,7 @@ from awaken_langchain._idle import Pump, with_idle_timeout
 from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._rebind import replace_model, with_settings
-from awaken_langchain.accumulator import DeferredCheckpoint, dumps_args
+from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
@@ -140,11 +140,8 @@ def _open_run(
 
 def _last_action(store: StreamCheckpointStore, engine: TurnEngine, step: Step) -> Any:
     """The write (or delete) a turn waits for before it returns or raises."""
-    write = step.write
-    if write is not None:
-        return functools.partial(
-            store.put, write.build() if isinstance(write, DeferredCheckpoint) else write
-        )
+    if step.write is not None:
+        return functools.partial(store.put, built(step.write))
     return functools.partial(store.delete, engine.key, epoch=engine.epoch)
 
 

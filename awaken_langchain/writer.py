@@ -39,7 +39,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
-from awaken_langchain.accumulator import DeferredCheckpoint
+from awaken_langchain.accumulator import DeferredCheckpoint, built
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 from awaken_langchain.errors import StreamCheckpointError
 
@@ -256,7 +256,7 @@ class CheckpointWriter:
     def _commit(self, taken: list[StreamCheckpoint | DeferredCheckpoint]) -> None:
         errors: list[StreamCheckpointError | None]
         try:
-            puts = [p.build() if isinstance(p, DeferredCheckpoint) else p for p in taken]
+            puts = [built(p) for p in taken]
             errors = self.store.put_many(puts)
         except StreamCheckpointError as exc:
             errors = [exc] * len(taken)
