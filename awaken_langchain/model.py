@@ -138,6 +138,12 @@ def _open_run(
     return store.get(engine.key), released
 
 
+def _opened(engine: TurnEngine) -> tuple[str, ...]:
+    """The runs `_open_run` touches: the turn's own and the committed turn it releases."""
+    release = engine.request.release_key
+    return (engine.key,) if release is None else (engine.key, release)
+
+
 def _last_action(store: StreamCheckpointStore, engine: TurnEngine, step: Step) -> Any:
     """The write (or delete) a turn waits for before it returns or raises."""
     if step.write is not None:
@@ -777,7 +783,7 @@ class RecoveringChatModel(BaseChatModel):
         if store is None:
             return
         writer = writer_for(store)
-        opening = writer.call(functools.partial(_open_run, store, engine))
+        opening = writer.call(functools.partial(_open_run, store, engine), runs=_opened(engine))
         try:
             checkpoint, released = writer.wait(opening, self.checkpoint_deadline)
         except StreamCheckpointError as exc:
@@ -819,7 +825,9 @@ class RecoveringChatModel(BaseChatModel):
         else:  # the turn ends: its last write or delete lands before it returns
             writer = writer_for(store)
             try:
-                last = writer.call(_last_action(store, engine, step))
+                last = writer.call(
+                    _last_action(store, engine, step), runs=(engine.key,), closes=engine.key
+                )
                 writer.wait(last, self.checkpoint_deadline)
             except StreamCheckpointError as exc:
                 reports = engine.store_failed(exc, closing=closing)
@@ -835,7 +843,7 @@ class RecoveringChatModel(BaseChatModel):
             return
         writer = writer_for(store)
         with contextlib.suppress(StreamCheckpointError):
-            writer.wait(writer.call(_nothing), self.checkpoint_deadline)
+            writer.wait(writer.call(_nothing, runs=(engine.key,)), self.checkpoint_deadline)
         writer.forget(engine.key)
 
     def _cancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:
@@ -938,7 +946,7 @@ class RecoveringChatModel(BaseChatModel):
         if store is None:
             return
         writer = writer_for(store)
-        opening = writer.call(functools.partial(_open_run, store, engine))
+        opening = writer.call(functools.partial(_open_run, store, engine), runs=_opened(engine))
         try:
             checkpoint, released = await writer.await_(opening, self.checkpoint_deadline)
         except StreamCheckpointError as exc:
@@ -973,7 +981,9 @@ class RecoveringChatModel(BaseChatModel):
         else:  # the turn ends: its last write or delete lands before it returns
             writer = writer_for(store)
             try:
-                last = writer.call(_last_action(store, engine, step))
+                last = writer.call(
+                    _last_action(store, engine, step), runs=(engine.key,), closes=engine.key
+                )
                 await writer.await_(last, self.checkpoint_deadline)
             except StreamCheckpointError as exc:
                 reports = engine.store_failed(exc, closing=closing)
@@ -996,7 +1006,7 @@ class RecoveringChatModel(BaseChatModel):
             return
         writer = writer_for(store)
         with contextlib.suppress(StreamCheckpointError):
-            await writer.await_(writer.call(_nothing), self.checkpoint_deadline)
+            await writer.await_(writer.call(_nothing, runs=(engine.key,)), self.checkpoint_deadline)
         writer.forget(engine.key)
 
     async def _acancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:

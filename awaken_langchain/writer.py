@@ -43,7 +43,7 @@ from awaken_langchain.accumulator import DeferredCheckpoint, built
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 from awaken_langchain.errors import StreamCheckpointError
 
-__all__ = ["CheckpointWriter", "StoreStalledError", "writer_for"]
+__all__ = ["CheckpointWriter", "StoreStalledError", "answers_at_once", "writer_for"]
 
 T = TypeVar("T")
 
@@ -111,6 +111,7 @@ class CheckpointWriter:
         self._busy_since: float | None = None
         self._thread: threading.Thread | None = None
         self._pid = os.getpid()
+        self._inline = answers_at_once(store)
 
     # -- what streams call ------------------------------------------------------------
 
@@ -127,10 +128,38 @@ class CheckpointWriter:
             if first or self._thread is None:  # a batch already pending has woken the writer
                 self._wake()
 
-    def call(self, action: Callable[[], T]) -> Future[T]:
-        """Run ``action`` on the writer thread after the writes pending now."""
+    def call(
+        self,
+        action: Callable[[], T],
+        *,
+        runs: tuple[str, ...] | None = None,
+        closes: str | None = None,
+    ) -> Future[T]:
+        """Run ``action`` after the writes pending now; the future holds its outcome.
+
+        ``action`` runs on the writer thread, or, for a store that answers at
+        once (`answers_at_once`), on the calling thread when nothing it must
+        follow is pending: no operation, no batch being committed, and no
+        pending write of the runs it touches (``runs``; ``None``: any run).
+        ``closes`` names the run whose last write or delete ``action`` is: that
+        run's pending checkpoint is older than what ``action`` writes, so it is
+        dropped rather than waited for. A thread hop costs about as much as a
+        short turn's whole stream; the in-process store's operations take
+        microseconds and cannot hang.
+        """
         future: Future[T] = Future()
         with self._cond:
+            if self._inline and not self._ops and self._busy_since is None:
+                puts = self._puts
+                if closes is not None:
+                    puts.pop(closes, None)
+                if not (puts if runs is None else any(run in puts for run in runs)):
+                    future.set_running_or_notify_cancel()
+                    try:
+                        future.set_result(action())
+                    except BaseException as exc:
+                        future.set_exception(exc)
+                    return future
             self._ops.append((action, future))
             self._wake()
         return future
@@ -150,6 +179,8 @@ class CheckpointWriter:
         timeout: ``wait_for`` over ``shield`` over ``wrap_future`` cost a
         quarter more per operation, twice per turn.)
         """
+        if future.done():  # run on this thread (`call`): nothing to wait for
+            return future.result()
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[T] = loop.create_future()
 
@@ -283,6 +314,15 @@ def _settle(waiter: asyncio.Future[T], done: Future[T]) -> None:
         waiter.set_exception(error)
     else:
         waiter.set_result(result)
+
+
+def answers_at_once(store: StreamCheckpointStore) -> bool:
+    """Whether ``store``'s class declares that its operations take microseconds and never block.
+
+    Only the exact class counts: a subclass may override any operation, so it
+    must declare it again itself (``answers_at_once = True`` in its body).
+    """
+    return type(store).__dict__.get("answers_at_once") is True
 
 
 def writer_for(store: StreamCheckpointStore) -> CheckpointWriter:

@@ -14,6 +14,7 @@ provider stops generating and no reader thread lingers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import subprocess
 import sys
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessageChunk
 
@@ -48,7 +51,7 @@ from awaken_langchain.errors import (
 )
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from awaken_langchain.testing import ScriptedChatModel, Stall, finish, text
-from awaken_langchain.writer import writer_for
+from awaken_langchain.writer import CheckpointWriter, answers_at_once, writer_for
 from tests.conftest import Drive
 from tests.redis_server import RedisServer, unique_prefix
 
@@ -537,8 +540,6 @@ class _Batches(InMemoryStreamCheckpointStore):
 def test_checkpoints_gather_while_they_arrive_and_one_after_a_quiet_spell_is_written_at_once() -> (
     None
 ):
-    from awaken_langchain.writer import CheckpointWriter
-
     store = _Batches()
     writer = CheckpointWriter(store, gather=0.3)
     writer.submit(StreamCheckpoint(run_id="a", partial_text="1"))  # the writer starts: gathers
@@ -574,3 +575,103 @@ def test_a_checkpoint_that_cannot_be_built_is_reported_and_the_writer_goes_on() 
     assert kept is not None
     assert kept.partial_text == "kept"
     assert store.get("broken") is None
+
+
+class _Queued(InMemoryStreamCheckpointStore):
+    """The in-process store with every operation on the writer thread (a subclass
+    does not inherit ``answers_at_once``)."""
+
+
+_RUNS = st.sampled_from(["a", "b", "c"])
+_WRITER_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), _RUNS, st.text("xyz", min_size=1, max_size=4)),
+        st.tuples(st.just("claim"), _RUNS),
+        st.tuples(st.just("get"), _RUNS),
+        st.tuples(st.just("last put"), _RUNS, st.text("xyz", min_size=1, max_size=4)),
+        st.tuples(st.just("delete"), _RUNS),
+        st.tuples(
+            st.just("everything"),
+        ),
+    ),
+    max_size=14,
+)
+
+
+def _drive_writer(store: InMemoryStreamCheckpointStore, steps: list[tuple[Any, ...]]) -> list[Any]:
+    """Run ``steps`` through the store's writer as turns do; return what each step saw."""
+    writer = CheckpointWriter(store, gather=0.02)  # submitted checkpoints stay pending a while
+    epochs: dict[str, int] = {}
+    seen: list[Any] = []
+
+    def outcome(action: Callable[[], Any], **where: Any) -> Any:
+        try:
+            return writer.wait(writer.call(action, **where), 5.0)
+        except StreamCheckpointError as exc:
+            return type(exc).__name__
+
+    for step in steps:
+        kind, run = step[0], step[1] if len(step) > 1 else ""
+        if kind == "put":
+            writer.submit(
+                StreamCheckpoint(run_id=run, partial_text=step[2], epoch=epochs.get(run, 0))
+            )
+            continue
+        if kind == "claim":
+            result = outcome(functools.partial(store.claim, run), runs=(run,))
+            if isinstance(result, int):
+                epochs[run] = result
+        elif kind == "get":
+            got = outcome(functools.partial(store.get, run), runs=(run,))
+            result = got.partial_text if isinstance(got, StreamCheckpoint) else got
+        elif kind == "last put":
+            last = StreamCheckpoint(run_id=run, partial_text=step[2], epoch=epochs.get(run, 0))
+            result = outcome(functools.partial(store.put, last), runs=(run,), closes=run)
+        elif kind == "delete":
+            delete = functools.partial(store.delete, run, epoch=epochs.get(run))
+            result = outcome(delete, runs=(run,), closes=run)
+        else:
+            result = outcome(lambda: sorted(store.list_run_ids()))
+        seen.append((step, result))
+    assert writer.flush(5.0)
+    kept = {run: store.get(run) for run in ("a", "b", "c")}
+    seen.append({run: c.partial_text if c else None for run, c in kept.items()})
+    seen.append({run: type(writer.problem(run, 60.0)).__name__ for run in ("a", "b", "c")})
+    return seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=_WRITER_STEPS)
+def test_the_in_process_store_on_the_turns_thread_sees_and_keeps_what_a_hop_would(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    """Claims, reads, last writes and deletes run on the caller's thread when nothing of
+    their runs is pending; each sees, and leaves, exactly what it would after a hop."""
+    assert answers_at_once(InMemoryStreamCheckpointStore())
+    assert not answers_at_once(_Queued())
+    assert _drive_writer(InMemoryStreamCheckpointStore(), steps) == _drive_writer(_Queued(), steps)
+
+
+def test_a_slow_subclass_of_the_in_process_store_still_cannot_hold_up_a_turn() -> None:
+    """A subclass may make any operation slow, so its turns keep the writer's deadline."""
+    release = threading.Event()
+
+    class SlowDelete(InMemoryStreamCheckpointStore):
+        def delete(self, run_id: str, *, epoch: int | None = None) -> None:
+            release.wait(5)
+            super().delete(run_id, epoch=epoch)
+
+    store = SlowDelete()
+    inner = ScriptedChatModel(scripts=[[*text("x" * 40), finish()]])
+    model = RecoveringChatModel(model=inner, store=store, checkpoint_deadline=0.2)
+    run_id = uuid.uuid4()
+    began = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StreamCheckpointWarning)
+        answer = model.invoke("q", config={"run_id": run_id})
+    took = time.monotonic() - began
+    release.set()
+    assert answer.content == "x" * 40
+    assert took < 0.2 + MARGIN
+    assert writer_for(store).flush(5.0)
+    assert store.get(str(run_id)) is None  # the delete still landed

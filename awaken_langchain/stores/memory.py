@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
+from typing import ClassVar
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, StreamCheckpoint
 from awaken_langchain.stores._base import (
@@ -36,6 +37,12 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
             signing). See "Trust model" in the README.
     """
+
+    answers_at_once: ClassVar[bool] = True
+    """Its operations only take a lock held for dictionary updates: a turn runs its
+    claim and its last write or delete on its own thread when the store's writer
+    holds nothing they must follow (see `CheckpointWriter.call`). A subclass
+    keeps the writer thread unless it sets this again in its own body."""
 
     def __init__(
         self,
