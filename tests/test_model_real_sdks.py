@@ -8,6 +8,8 @@ caller saw, what the provider received, and what was retried.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -326,3 +328,64 @@ async def test_structured_output_keeps_the_wrapper_and_recovers(
         result = await structured.ainvoke("the answer")
     assert result == Answer(value=42)
     assert len(server.requests) == 2
+
+
+# -- how a sync stream is read ------------------------------------------------------------
+
+
+def _busy_readers() -> int:
+    return sum(1 for t in threading.enumerate() if t.name == "awaken-stream-pump")
+
+
+def _paced(server: LoopbackProvider) -> None:
+    server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.05))  # about a second
+
+
+def test_a_sync_sdk_stream_holds_no_reader_thread_after_its_first_chunk(
+    provider: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    """With the idle timeout on, the caller's thread reads an SDK stream itself once it
+    has begun: no second thread wakes for every chunk, and none is held."""
+    before = _busy_readers()
+    _paced(server)
+    stream = wrapper(provider, server, sleeps).stream("Tell me about the fox")
+    seen = [next(stream) for _ in range(3)]
+    settled = time.monotonic() + 1.0
+    while _busy_readers() > before and time.monotonic() < settled:
+        time.sleep(0.01)
+    assert _busy_readers() == before
+    seen += list(stream)
+    assert joined(seen) == ANSWER
+    assert len(server.requests) == 1
+
+
+def test_a_sync_sdk_stream_its_caller_leaves_is_hung_up_at_once(
+    provider: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    _paced(server)
+    stream = wrapper(provider, server, sleeps).stream("Tell me about the fox")
+    for _ in range(3):
+        next(stream)
+    stream.close()
+    left = time.monotonic()
+    request = server.requests[0]
+    while request.number not in server.hangups and time.monotonic() < left + 2.0:
+        time.sleep(0.01)
+    assert request.number in server.hangups  # the provider stops generating
+    assert server.hangups[request.number] - left < 1.0
+
+
+def test_a_slow_caller_of_a_sync_sdk_stream_is_not_taken_for_a_stall(
+    provider: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    """Only a wait for the provider counts against the idle timeout, not the caller's own time."""
+    _paced(server)
+    stream = wrapper(provider, server, sleeps, stream_idle_timeout=0.3).stream("Tell me")
+    seen = []
+    for _ in range(4):
+        seen.append(next(stream))
+        time.sleep(0.45)  # longer than the idle timeout, between reads
+    seen += list(stream)
+    assert joined(seen) == ANSWER
+    assert len(server.requests) == 1
+    assert not final(seen).response_metadata["awaken"]["interruptions"]
