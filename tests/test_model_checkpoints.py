@@ -289,3 +289,24 @@ async def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoi
     saved = store.get(str(run_id))
     assert saved is not None
     assert (saved.partial_text, saved.complete) == ("the new owner's", False)
+
+
+async def test_the_in_process_store_holds_each_checkpoint_as_soon_as_it_is_handed_over(
+    drive: Drive,
+) -> None:
+    """No write-behind lag on the in-process store: a reader in the same process sees
+    the turn up to its last checkpoint while the stream goes on."""
+    store = InMemoryStreamCheckpointStore()
+    answer = "".join(f"w{i:02d} " for i in range(40))
+    model, _ = process(store, [*text(answer), finish()])
+    run_id = uuid.uuid4()
+    stream = drive.iterate(model, "q", config=run_config(run_id))
+    seen = ""
+    for _ in range(17):  # past the checkpoints due at chunks 8 and 16
+        seen += (await anext(stream)).text
+    kept = store.get(str(run_id))
+    assert kept is not None
+    assert answer.startswith(kept.partial_text)
+    assert len(kept.partial_text) >= 8 * 4  # at least the first cadence window's text
+    assert seen.startswith(kept.partial_text)
+    await stream.aclose()
