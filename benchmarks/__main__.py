@@ -16,6 +16,7 @@ from benchmarks import (
     concurrency,
     overhead,
     recovery_latency,
+    sdk_overhead,
     seam_accuracy,
     store_size,
     wasted_work,
@@ -27,6 +28,7 @@ def main(quick: bool = False) -> None:
     started = time.perf_counter()
     if quick:
         overhead.main(chunks=2_000, rounds=1, turns=50)
+        sdk_overhead.main(chunks=200, rounds=1)
         checkpoint_put.main(size=20_000, small=2_000, puts=20)
         checkpoint_growth.main(tokens=(100, 1_000))
         recovery_latency.main(prefixes=(1_000, 10_000), repeats=3, processes=1)
@@ -38,6 +40,7 @@ def main(quick: bool = False) -> None:
         store_size.main(turns=100)
     else:
         overhead.main()
+        sdk_overhead.main()
         checkpoint_put.main()
         checkpoint_growth.main()
         recovery_latency.main()

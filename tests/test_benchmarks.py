@@ -14,6 +14,7 @@ from benchmarks import (
     concurrency,
     overhead,
     recovery_latency,
+    sdk_overhead,
     seam_accuracy,
     wasted_work,
 )
@@ -33,6 +34,23 @@ def test_overhead_benchmark_compares_every_case_with_the_bare_model(
     out = capsys.readouterr().out
     assert "CPU ratio" in out
     assert "Per-turn overhead: 3 turns of 4 chunks" in out
+
+
+def test_sdk_overhead_benchmark_streams_every_case_through_the_real_integrations(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = sdk_overhead.main(chunks=30, rounds=1)
+
+    cases = [name for name, _, _ in sdk_overhead.CASES]
+    assert [(r.provider, r.path, r.case) for r in rows] == [
+        (provider, path, case)
+        for provider in ("openai", "anthropic")
+        for path in ("sync", "async")
+        for case in cases
+    ]
+    assert all(r.chunks >= 30 and r.cpu_s > 0 for r in rows)
+    assert [r.cpu_ratio for r in rows if r.case == cases[0]] == [1.0] * 4
+    assert "context switches" in capsys.readouterr().out
 
 
 def test_write_growth_benchmark_counts_puts_and_bytes_per_store() -> None:
