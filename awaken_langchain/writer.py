@@ -9,9 +9,9 @@ letting a batch gather for a few milliseconds. Operations a
 turn must see the end of (opening a run, the closing write, a delete before a
 memory commit) go through the same thread, after the run's pending writes, and
 are waited for at most ``deadline`` seconds. On a store that answers at once
-(the in-process one) such an operation runs on the turn's own thread instead,
-when nothing of its runs is pending: the order is the same, without two thread
-wake-ups per operation.
+(the in-process one) such an operation, and a checkpoint at most once per run
+and gathering time, runs on the turn's own thread instead when the writer is
+not at work: the order is the same, without thread wake-ups.
 
 A store that fails or hangs therefore costs a stream one warning, not its
 speed: `CheckpointWriter.problem` tells the turn that writes of its run failed
@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import math
 import os
 import threading
 import time
@@ -116,6 +117,8 @@ class CheckpointWriter:
         self._sleeping = False  # the writer waits for a notification, not on a timer
         self._pid = os.getpid()
         self._inline = answers_at_once(store)
+        self._written: dict[str, float] = {}
+        """When `submit` last wrote each run on its own thread (a store that answers at once)."""
 
     # -- what streams call ------------------------------------------------------------
 
@@ -123,20 +126,30 @@ class CheckpointWriter:
         """Hand over the newest state of a run; returns at once.
 
         A `DeferredCheckpoint` is built on the writer thread, and only if no
-        newer one of its run arrives before the writer takes it. A store that
-        answers at once (`answers_at_once`) is written on the calling thread
-        when the writer is not at work: a background thread that keeps waking
-        makes an event loop doing network reads give up the GIL and block
-        about twice per chunk (measured: 3 000 context switches in a
-        2 000-chunk ChatOpenAI stream, against 5 without it), which costs more
-        than the put.
+        newer one of its run arrives before the writer takes it.
+
+        A store that answers at once (`answers_at_once`) is written on the
+        calling thread instead, when the writer is not at work: a background
+        thread that keeps waking makes an event loop doing network reads give
+        up the GIL and block about twice per chunk (measured: 3 000 context
+        switches in a 2 000-chunk ChatOpenAI stream, against 5 without it),
+        which costs more than the put. A run is written so at most once per
+        gathering time (building a checkpoint copies the turn's whole text);
+        a newer checkpoint handed over sooner waits for the run's next
+        hand-over, its closing write or delete, or `flush`.
         """
+        run_id = checkpoint.run_id
         with self._cond:
             if self._inline and not self._ops and self._busy_since is None:
-                self._puts.pop(checkpoint.run_id, None)  # older than this one
-                self._commit([checkpoint])
+                now = time.monotonic()
+                if now - self._written.get(run_id, -math.inf) >= self._gather:
+                    self._puts.pop(run_id, None)  # older than this one
+                    self._written[run_id] = now
+                    self._commit([checkpoint])
+                else:
+                    self._puts[run_id] = checkpoint
                 return
-            self._puts[checkpoint.run_id] = checkpoint
+            self._puts[run_id] = checkpoint
             thread = self._thread
             if self._sleeping or thread is None or not thread.is_alive():
                 self._wake()  # else the writer is busy or gathering, and looks on its own
@@ -220,14 +233,19 @@ class CheckpointWriter:
         return None
 
     def forget(self, run_id: str) -> None:
-        """Drop what the writer remembers of a finished run's failures."""
+        """Drop what the writer remembers of a finished run."""
         with self._cond:
             self._failed.pop(run_id, None)
+            self._written.pop(run_id, None)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every write handed over so far has been attempted; ``False`` on timeout."""
         until = time.monotonic() + timeout
         with self._cond:
+            if self._inline and self._puts and not self._ops and self._busy_since is None:
+                taken = list(self._puts.values())  # left by `submit`, which wrote their runs lately
+                self._puts.clear()
+                self._commit(taken)
             while self._puts or self._ops or self._busy_since is not None:
                 remaining = until - time.monotonic()
                 if remaining <= 0 or self._thread is None or not self._thread.is_alive():

@@ -675,3 +675,20 @@ def test_a_slow_subclass_of_the_in_process_store_still_cannot_hold_up_a_turn() -
     assert took < 0.2 + MARGIN
     assert writer_for(store).flush(5.0)
     assert store.get(str(run_id)) is None  # the delete still landed
+
+
+def test_a_checkpoint_the_in_process_store_left_for_later_lands_at_the_next_flush() -> None:
+    """A run written on the caller's thread within the gathering time keeps its newest
+    checkpoint pending; nothing is lost: a flush writes it."""
+    store = InMemoryStreamCheckpointStore()
+    writer = CheckpointWriter(store, gather=60.0)
+    epoch = store.claim("run")
+    writer.submit(StreamCheckpoint(run_id="run", partial_text="first", epoch=epoch))
+    writer.submit(StreamCheckpoint(run_id="run", partial_text="first second", epoch=epoch))
+    kept = store.get("run")
+    assert kept is not None
+    assert kept.partial_text == "first"  # written at once; the second came too soon after
+    assert writer.flush(5.0)
+    kept = store.get("run")
+    assert kept is not None
+    assert kept.partial_text == "first second"

@@ -291,11 +291,11 @@ async def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoi
     assert (saved.partial_text, saved.complete) == ("the new owner's", False)
 
 
-async def test_the_in_process_store_holds_each_checkpoint_as_soon_as_it_is_handed_over(
+async def test_the_in_process_store_holds_a_turns_first_checkpoint_as_soon_as_it_is_due(
     drive: Drive,
 ) -> None:
-    """No write-behind lag on the in-process store: a reader in the same process sees
-    the turn up to its last checkpoint while the stream goes on."""
+    """The in-process store is written on the stream's own thread: a reader in the same
+    process sees the turn's first checkpoint while the stream goes on."""
     store = InMemoryStreamCheckpointStore()
     answer = "".join(f"w{i:02d} " for i in range(40))
     model, _ = process(store, [*text(answer), finish()])
