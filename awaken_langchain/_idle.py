@@ -202,6 +202,8 @@ class Pump:
                 try:
                     item = next(source)
                 except StopIteration:
+                    if read.expired:  # a source that ends quietly when its socket is shut
+                        raise StreamStalledError(timeout, received) from None
                     return
                 except Exception:
                     if read.expired:
@@ -215,6 +217,7 @@ class Pump:
                 yield item
         finally:
             read.done = True
+            read.source = None  # the watchdog keeps the entry until its check, not the stream
 
 
 class _Read:
@@ -223,7 +226,7 @@ class _Read:
     __slots__ = ("done", "expired", "since", "source", "timeout")
 
     def __init__(self, source: object, timeout: float) -> None:
-        self.source = source
+        self.source: object = source
         self.timeout = timeout
         self.since: float | None = None  # when the read under way began
         self.expired = False
