@@ -154,9 +154,8 @@ class Pump:
             put((self._ERROR, exc))
         finally:
             try:
-                close = getattr(source, "close", None)
-                if close is not None and not self._handed:
-                    close()
+                if not self._handed:
+                    _close(source)
             finally:
                 self._ended.set()
 
@@ -184,9 +183,7 @@ class Pump:
                 self._stopped = True
                 handed = self._handed
             if handed:
-                close = getattr(self._source, "close", None)
-                if close is not None:
-                    close()
+                _close(self._source)
             elif not self._ended.is_set():
                 _interrupt(self._source)
 
@@ -296,6 +293,13 @@ class _Watchdog:
 
 _WATCHDOG = _Watchdog()
 os.register_at_fork(after_in_child=_WATCHDOG.forget)
+
+
+def _close(source: object) -> None:
+    """Close a sync source that can be closed (a generator: its ``finally`` runs now)."""
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()
 
 
 _HOPS = 8

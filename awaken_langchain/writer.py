@@ -140,7 +140,7 @@ class CheckpointWriter:
         """
         run_id = checkpoint.run_id
         with self._cond:
-            if self._inline and not self._ops and self._busy_since is None:
+            if self._here():
                 now = time.monotonic()
                 if now - self._written.get(run_id, -math.inf) >= self._gather:
                     self._puts.pop(run_id, None)  # older than this one
@@ -175,16 +175,12 @@ class CheckpointWriter:
         """
         future: Future[T] = Future()
         with self._cond:
-            if self._inline and not self._ops and self._busy_since is None:
+            if self._here():
                 puts = self._puts
                 if closes is not None:
                     puts.pop(closes, None)
                 if not (puts if runs is None else any(run in puts for run in runs)):
-                    future.set_running_or_notify_cancel()
-                    try:
-                        future.set_result(action())
-                    except BaseException as exc:
-                        future.set_exception(exc)
+                    _carry_out(action, future)
                     return future
             self._ops.append((action, future))
             self._wake()
@@ -242,7 +238,7 @@ class CheckpointWriter:
         """Wait until every write handed over so far has been attempted; ``False`` on timeout."""
         until = time.monotonic() + timeout
         with self._cond:
-            if self._inline and self._puts and not self._ops and self._busy_since is None:
+            if self._puts and self._here():
                 taken = list(self._puts.values())  # left by `submit`, which wrote their runs lately
                 self._puts.clear()
                 self._commit(taken)
@@ -267,6 +263,14 @@ class CheckpointWriter:
             "goes on without checkpoints until it does "
             "(RecoveringChatModel(checkpoint_deadline=...) sets the wait)"
         )
+
+    def _here(self) -> bool:
+        """Whether work may run on the calling thread now (the caller holds ``_cond``).
+
+        True when the store answers at once and the writer thread has no
+        operation queued or under way.
+        """
+        return self._inline and not self._ops and self._busy_since is None
 
     def _wake(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -327,11 +331,7 @@ class CheckpointWriter:
                 if taken:
                     self._commit(taken)
                 for action, future in ops:
-                    if future.set_running_or_notify_cancel():
-                        try:
-                            future.set_result(action())
-                        except BaseException as exc:
-                            future.set_exception(exc)
+                    _carry_out(action, future)
             finally:
                 with self._cond:
                     self._busy_since = None
@@ -352,6 +352,15 @@ class CheckpointWriter:
                     self._failed.pop(checkpoint.run_id, None)
                 else:
                     self._failed[checkpoint.run_id] = error
+
+
+def _carry_out(action: Callable[[], T], future: Future[T]) -> None:
+    """Run ``action`` and put its outcome in ``future`` (unless the future was cancelled)."""
+    if future.set_running_or_notify_cancel():
+        try:
+            future.set_result(action())
+        except BaseException as exc:
+            future.set_exception(exc)
 
 
 def _settle(waiter: asyncio.Future[T], done: Future[T]) -> None:

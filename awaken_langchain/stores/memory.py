@@ -40,8 +40,9 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
 
     answers_at_once: ClassVar[bool] = True
     """Its operations only take a lock held for dictionary updates: a turn runs its
-    claim and its last write or delete on its own thread when the store's writer
-    holds nothing they must follow (see `CheckpointWriter.call`). A subclass
+    claim, its last write or delete and (at most once per gathering time) its
+    checkpoints on its own thread when the store's writer holds nothing they must
+    follow (see `CheckpointWriter.call` and `CheckpointWriter.submit`). A subclass
     keeps the writer thread unless it sets this again in its own body."""
 
     def __init__(
