@@ -15,7 +15,7 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,8 @@ from pydantic import (
 )
 
 from awaken_langchain.errors import StreamCheckpointError
+
+_T = TypeVar("_T")
 
 SCHEMA_VERSION: Literal[3] = 3
 """Version of the checkpoint JSON layout written by this release (version 1 records,
@@ -521,6 +523,36 @@ class StreamCheckpointStore(ABC):
             else:
                 errors.append(None)
         return errors
+
+    def put_many_now(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None] | None:
+        """`put_many`, if it can start without waiting for anyone; else ``None``.
+
+        A backend whose writes are local and take a fraction of a millisecond
+        once its write lock is held overrides this to attempt the group commit
+        without waiting for that lock: ``None`` means another writer held it
+        and nothing was written. The checkpoint writer then commits on the
+        stream's own thread, which spares a thread that would compete with the
+        stream for the GIL. The default never attempts (``None``).
+
+        Returns:
+            As `put_many`, or ``None`` if nothing was attempted.
+        """
+        return None
+
+    def call_now(self, action: Callable[[], _T]) -> tuple[bool, _T | None]:
+        """Run ``action`` (calls of this store's methods) if it needs to wait for no one.
+
+        The companion of `put_many_now` for a turn's opening and closing
+        operations: a backend that overrides it runs ``action`` on the calling
+        thread with every lock wait turned off. ``(True, result)`` when it
+        ran (its errors propagate); ``(False, None)`` when a write in it found
+        a lock taken, in which case that write was not made, but writes of
+        ``action`` before it were: ``action`` must be safe to run again. The
+        default never runs it (``(False, None)``).
+        """
+        return False, None
 
     @abstractmethod
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:

@@ -804,15 +804,29 @@ class RecoveringChatModel(BaseChatModel):
             reporter.report(report)
 
     def _hand_over(
-        self, engine: TurnEngine, write: StreamCheckpoint | DeferredCheckpoint | None
+        self,
+        engine: TurnEngine,
+        write: StreamCheckpoint | DeferredCheckpoint | None,
+        *,
+        on_loop: bool = False,
     ) -> list[Report]:
-        """Give the store's writer the turn's newest checkpoint; the stream goes on."""
+        """Give the store's writer the turn's newest checkpoint; the stream goes on.
+
+        ``on_loop``: the turn runs on the thread's event loop (an async stream),
+        which gets control back between chunks.
+        """
         store = self.store
         if store is None or write is None:
             return []
         writer = writer_for(store)
-        writer.submit(write)
+        writer.submit(write, on_loop=on_loop)
         return _store_health(engine, writer, self.checkpoint_deadline)
+
+    def _ahand_over(
+        self, engine: TurnEngine, write: StreamCheckpoint | DeferredCheckpoint | None
+    ) -> list[Report]:
+        """`_hand_over` for an async turn (not a coroutine: it never waits)."""
+        return self._hand_over(engine, write, on_loop=True)
 
     def _store_step(
         self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
@@ -920,7 +934,7 @@ class RecoveringChatModel(BaseChatModel):
                     for chunk in out:
                         yield _generation(chunk, generation)
                     if due:
-                        for report in self._hand_over(engine, engine.snapshot()):
+                        for report in self._ahand_over(engine, engine.snapshot()):
                             await reporter.areport(report)
                 engine.check_complete()
                 break
@@ -977,7 +991,7 @@ class RecoveringChatModel(BaseChatModel):
         if store is None or (step.write is None and not step.delete):
             return
         if step.write is not None and not closing and step.error is None:
-            reports = self._hand_over(engine, step.write)
+            reports = self._ahand_over(engine, step.write)
         else:  # the turn ends: its last write or delete lands before it returns
             writer = writer_for(store)
             try:

@@ -402,9 +402,18 @@ class TimedStore(StreamCheckpointStore):
     def put_many(
         self, checkpoints: Sequence[StreamCheckpoint]
     ) -> list[StreamCheckpointError | None]:
+        errors = self._timed_batch(self.inner.put_many, checkpoints)
+        assert errors is not None
+        return errors
+
+    def _timed_batch(
+        self,
+        put: Callable[[Sequence[StreamCheckpoint]], list[StreamCheckpointError | None] | None],
+        checkpoints: Sequence[StreamCheckpoint],
+    ) -> list[StreamCheckpointError | None] | None:
         start, cpu = time.perf_counter(), time.thread_time()
         try:
-            errors = self.inner.put_many(checkpoints)
+            errors = put(checkpoints)
         finally:
             cpu = time.thread_time() - cpu
             self.cpu_seconds += cpu
@@ -412,7 +421,7 @@ class TimedStore(StreamCheckpointStore):
             elapsed = time.perf_counter() - start
             self.put_seconds.extend([elapsed] * len(checkpoints))
             self.batches.append(len(checkpoints))
-        if self.on_commit is not None:
+        if self.on_commit is not None and errors is not None:
             written = [c for c, e in zip(checkpoints, errors, strict=True) if e is None]
             self.on_commit(written, time.perf_counter())
         return errors
@@ -581,3 +590,19 @@ async def paced_turn(
             n += 1
             parts.append(str(chunk.content))
     return "".join(parts) == answer_for(question, inner.chars)
+
+
+class _TimedNow(TimedStore):
+    """A `TimedStore` over a store that can commit without waiting (`put_many_now`)."""
+
+    def put_many_now(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None] | None:
+        return self._timed_batch(self.inner.put_many_now, checkpoints)
+
+
+def timed(inner: StreamCheckpointStore) -> TimedStore:
+    """``inner`` behind a `TimedStore`, committed on the stream's thread if ``inner`` is."""
+    if "put_many_now" in type(inner).__dict__:
+        return _TimedNow(inner)
+    return TimedStore(inner)

@@ -31,7 +31,6 @@ if __package__ in (None, ""):  # run as a script from a clone
 
 from awaken_langchain import RecoveringChatModel
 from benchmarks._common import (
-    TimedStore,
     TokenStreamModel,
     machine_line,
     make_store,
@@ -39,6 +38,7 @@ from benchmarks._common import (
     redis_server,
     store_names,
     table,
+    timed,
     written_bytes,
 )
 
@@ -60,7 +60,7 @@ class Row:
 
 def measure(store_name: str, tokens: int, directory: Path, redis_url: str | None = None) -> Row:
     """Stream one turn of ``tokens`` tokens into a fresh store and measure the writes."""
-    store = TimedStore(make_store(store_name, directory, redis_url))
+    store = timed(make_store(store_name, directory, redis_url))
     try:
         # Writes follow the chunk cadence only: a time-based write would make the
         # count depend on how busy the machine is.

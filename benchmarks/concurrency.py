@@ -76,6 +76,7 @@ from benchmarks._common import (
     percentile,
     redis_server,
     table,
+    timed,
 )
 
 T = TypeVar("T")
@@ -90,7 +91,7 @@ async def _turns(
 ) -> dict[str, Any]:
     """Run ``streams`` concurrent turns against one store; return what was measured."""
     url = location if store_name == "redis" else None
-    store = TimedStore(make_store(store_name, Path(location), url))
+    store = timed(make_store(store_name, Path(location), url))
     inner = ContinuingModel(chars=chars, chunk_chars=4, break_after=chars // 2, yield_every=1)
     model = RecoveringChatModel(
         model=inner,
@@ -159,9 +160,11 @@ class TimedWriter(CheckpointWriter):
         self.turn_waits: list[float] = []
         self._submitted = 0.0
 
-    def submit(self, checkpoint: StreamCheckpoint | DeferredCheckpoint) -> None:
+    def submit(
+        self, checkpoint: StreamCheckpoint | DeferredCheckpoint, *, on_loop: bool = False
+    ) -> None:
         start = time.perf_counter()
-        super().submit(checkpoint)
+        super().submit(checkpoint, on_loop=on_loop)
         self._submitted = time.perf_counter() - start
 
     def problem(self, run_id: str, deadline: float) -> Any:
@@ -198,7 +201,7 @@ async def _paced_turns(
     lags: list[float] = []
     if store_name != "bare":
         url = location if store_name == "redis" else None
-        store = TimedStore(make_store(store_name, Path(location), url))
+        store = timed(make_store(store_name, Path(location), url))
         writer = TimedWriter(store)
         store.__dict__[_ATTRIBUTE] = writer
         model = RecoveringChatModel(model=inner, store=store)

@@ -36,6 +36,7 @@ RENAMES = {
     "_astore_step": "_store_step",
     "_ainner_chunks": "_inner_chunks",
     "_agenerate": "_generate",
+    "_ahand_over": "_hand_over",
     "_acancel_background": "_cancel_background",
     "acancel": "cancel",
     "aput": "put",

@@ -18,6 +18,7 @@ import functools
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamCheckpointStore,
 )
+from awaken_langchain import writer as writer_module
 from awaken_langchain._idle import Pump
 from awaken_langchain.accumulator import DeferredCheckpoint
 from awaken_langchain.errors import (
@@ -598,8 +600,13 @@ _WRITER_STEPS = st.lists(
 )
 
 
-def _drive_writer(store: InMemoryStreamCheckpointStore, steps: list[tuple[Any, ...]]) -> list[Any]:
-    """Run ``steps`` through the store's writer as turns do; return what each step saw."""
+def _drive_writer(
+    store: StreamCheckpointStore, steps: list[tuple[Any, ...]], *, on_loop: bool = False
+) -> list[Any]:
+    """Run ``steps`` through the store's writer as turns do; return what each step saw.
+
+    ``on_loop``: hand checkpoints over as an async turn does (the caller runs an event loop).
+    """
     writer = CheckpointWriter(store, gather=0.02)  # submitted checkpoints stay pending a while
     epochs: dict[str, int] = {}
     seen: list[Any] = []
@@ -614,7 +621,8 @@ def _drive_writer(store: InMemoryStreamCheckpointStore, steps: list[tuple[Any, .
         kind, run = step[0], step[1] if len(step) > 1 else ""
         if kind == "put":
             writer.submit(
-                StreamCheckpoint(run_id=run, partial_text=step[2], epoch=epochs.get(run, 0))
+                StreamCheckpoint(run_id=run, partial_text=step[2], epoch=epochs.get(run, 0)),
+                on_loop=on_loop,
             )
             continue
         if kind == "claim":
@@ -692,3 +700,122 @@ def test_a_checkpoint_the_in_process_store_left_for_later_lands_at_the_next_flus
     kept = store.get("run")
     assert kept is not None
     assert kept.partial_text == "first second"
+
+
+# -- DiskCache commits on the stream's thread -----------------------------------------------
+
+
+def test_a_diskcache_commit_that_cannot_start_now_writes_nothing_and_waits_for_nothing(
+    diskcache_store: DiskCacheStreamCheckpointStore, locker: Locker
+) -> None:
+    """`put_many_now` and `call_now` never wait for another process's lock; `put_many` still
+    does, and a write refused for the lock was not made."""
+    store = diskcache_store
+    epoch = store.claim("run")
+    first = StreamCheckpoint(run_id="run", partial_text="first", epoch=epoch)
+    assert store.put_many_now([first]) == [None]
+
+    locker.lock()
+    assert locker.read() == "locked"  # held for 1.3 s from now
+    began = time.monotonic()
+    later = StreamCheckpoint(run_id="run", partial_text="first second", epoch=epoch)
+    assert store.put_many_now([later]) is None
+    assert store.call_now(functools.partial(store.claim, "other")) == (False, None)
+    assert time.monotonic() - began < 0.5
+    assert store.put_many([later]) == [None]  # waits for the lock, as every write does
+    assert time.monotonic() - began > 0.5
+    locker.process.wait(timeout=10)
+
+    kept = DiskCacheStreamCheckpointStore(store.directory, read_only=True).get("run")
+    assert kept is not None
+    assert kept.partial_text == "first second"
+    assert store.claim("other") == store.claim("never claimed before") == 1  # "other" was not
+
+
+def test_a_subclass_of_diskcache_commits_on_the_writer_thread(tmp_path: Path) -> None:
+    """Only the class that defines ``put_many_now`` is written on the stream's thread."""
+
+    class Traced(DiskCacheStreamCheckpointStore):
+        def put_many(self, checkpoints: Any) -> list[StreamCheckpointError | None]:
+            threads.append(threading.current_thread().name)
+            return super().put_many(checkpoints)
+
+    threads: list[str] = []
+    store = Traced(tmp_path / "cache")
+    writer = CheckpointWriter(store)
+    epoch = store.claim("run")
+    writer.submit(StreamCheckpoint(run_id="run", partial_text="x", epoch=epoch))
+    assert writer.flush(5.0)
+    assert threads == ["awaken-checkpoint-writer"]
+    store.close()
+
+
+@pytest.mark.slow
+async def test_what_a_stream_hands_over_just_before_it_pauses_is_durable_during_the_pause(
+    drive: Drive, tmp_path: Path
+) -> None:
+    """A stream commits DiskCache on its own thread at most once per gathering time; what it
+    hands over sooner is still written within about that time when no more chunks come."""
+    store = warm(DiskCacheStreamCheckpointStore(tmp_path / "cache"))
+    # Commits at most every 0.2 s: the checkpoint handed over at chunk 40 comes sooner
+    # after the last commit, so it is left pending when the pause begins.
+    store.__dict__[writer_module._ATTRIBUTE] = CheckpointWriter(store, gather=0.2)
+    before = words(40)
+    after = words(48)[len(before) :]
+    inner = ScriptedChatModel(default=[*text(before), Stall(1.5), *text(after), finish()])
+    seen: list[str | None] = []
+
+    def read_in_another_process_way() -> None:
+        reader = DiskCacheStreamCheckpointStore(store.directory, read_only=True)
+        try:
+            checkpoint = reader.get(turn.key)
+            seen.append(None if checkpoint is None else checkpoint.partial_text)
+        finally:
+            reader.close()
+
+    timer = threading.Timer(0.6, read_in_another_process_way)
+
+    def at_the_pause(turn: Turn) -> None:
+        if turn.text == before:
+            timer.start()
+
+    turn = Turn(key="paused")
+    try:
+        await stream_turn(drive, wrap(inner, store), each=at_the_pause, turn=turn)
+    finally:
+        timer.join()
+    assert turn.text == before + after
+    assert seen == [before]
+    store.close()
+
+
+class _QueuedDisk(DiskCacheStreamCheckpointStore):
+    """DiskCache with every write on the writer thread (a subclass does not inherit
+    ``put_many_now``)."""
+
+
+async def _drive_writer_on_a_loop(store: StreamCheckpointStore, steps: list[Any]) -> list[Any]:
+    # an event loop runs; blocked by the steps, its timers fire only at the end
+    return _drive_writer(store, steps, on_loop=True)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=_WRITER_STEPS, on_a_loop=st.booleans())
+def test_diskcache_written_on_the_streams_thread_sees_and_keeps_what_the_writer_thread_would(
+    steps: list[tuple[Any, ...]], on_a_loop: bool
+) -> None:
+    """Checkpoints committed on the caller's thread (and left for a loop's timer) come in the
+    same order with claims, reads, last writes and deletes as through the writer thread."""
+
+    def run(store: DiskCacheStreamCheckpointStore) -> list[Any]:
+        try:
+            if on_a_loop:
+                return asyncio.run(_drive_writer_on_a_loop(store, steps))
+            return _drive_writer(store, steps)
+        finally:
+            store.close()
+
+    with tempfile.TemporaryDirectory() as directory:
+        here = run(DiskCacheStreamCheckpointStore(Path(directory) / "here"))
+        queued = run(_QueuedDisk(Path(directory) / "queued"))
+    assert here == queued

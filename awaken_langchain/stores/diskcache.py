@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import diskcache
 
@@ -39,6 +39,8 @@ from awaken_langchain.stores._base import (
     unreadable_id,
     unreadable_locator,
 )
+
+T = TypeVar("T")
 
 _HEAD = b"h\x00"
 _EPOCH = b"e\x00"
@@ -123,6 +125,17 @@ def _changed_rows(
                 None if mode is None else (mode, bytes(value) if type(value) is not int else value)
             )
     return found
+
+
+_BUSY = (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+def _lock_taken(cause: BaseException | None) -> bool:
+    """Whether ``cause`` says that another connection held a lock this one needed."""
+    if isinstance(cause, diskcache.Timeout):  # BEGIN IMMEDIATE found the write lock taken
+        return True
+    code = getattr(cause, "sqlite_errorcode", None)
+    return isinstance(cause, sqlite3.OperationalError) and code is not None and code & 0xFF in _BUSY
 
 
 @dataclass(frozen=True)
@@ -769,6 +782,56 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         Returns:
             For each checkpoint, in order, ``None`` or the error its put raised.
         """
+        errors = self._put_many(checkpoints, wait=True)
+        assert errors is not None
+        return errors
+
+    def put_many_now(
+        self, checkpoints: Sequence[StreamCheckpoint]
+    ) -> list[StreamCheckpointError | None] | None:
+        """`put_many`, unless another connection holds the write lock: then ``None``.
+
+        The transaction is begun without a busy wait (SQLite's busy timeout is
+        0 for this attempt). Once begun it cannot wait for a lock again: in WAL
+        mode the writer holding the write lock needs no other lock to commit,
+        and the checkpoint SQLite may run after the commit is passive. A
+        ``None`` means nothing was written.
+        """
+        if self.read_only:
+            return self.put_many(checkpoints)  # refused, as put_many refuses
+        with self._without_waiting():
+            return self._put_many(checkpoints, wait=False)
+
+    def call_now(self, action: Callable[[], T]) -> tuple[bool, T | None]:
+        """Run ``action`` with SQLite's busy timeout at 0: ``(False, None)`` if a lock was taken.
+
+        Each operation of the store is one transaction begun with the write
+        lock (``BEGIN IMMEDIATE``; reads too, for one consistent snapshot), so
+        one that finds the lock taken makes no change.
+        """
+        if self.read_only:
+            return True, action()  # reads only: nothing waits for a lock
+        with self._without_waiting():
+            try:
+                return True, action()
+            except StreamCheckpointError as exc:
+                if _lock_taken(exc.cause):
+                    return False, None
+                raise
+
+    @contextlib.contextmanager
+    def _without_waiting(self) -> Iterator[None]:
+        """Turn the busy wait of this thread's connection off for the block."""
+        connection = self._cache._con
+        connection.execute("PRAGMA busy_timeout = 0")
+        try:
+            yield
+        finally:
+            connection.execute(f"PRAGMA busy_timeout = {round(self.timeout * 1000)}")
+
+    def _put_many(
+        self, checkpoints: Sequence[StreamCheckpoint], *, wait: bool
+    ) -> list[StreamCheckpointError | None] | None:
         if not checkpoints:
             return []
         errors: list[StreamCheckpointError | None] = [None] * len(checkpoints)
@@ -801,6 +864,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                             raise  # the database failed: roll the batch back
                         errors[index] = exc
         except StreamCheckpointError as exc:
+            if not wait and _lock_taken(exc.cause):
+                return None  # rolled back, or never begun: nothing was written
             return [exc] * len(checkpoints)
         for plan, stored, state in written:  # remembered once committed
             self._finish_put(plan, stored, state)
