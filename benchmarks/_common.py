@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -40,6 +40,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 TOKEN = "tok "
 """One streamed token: four characters, the size the library estimates a token at."""
+
+T = TypeVar("T")
 
 
 def cores() -> int:
@@ -593,12 +595,15 @@ async def paced_turn(
 
 
 class _TimedNow(TimedStore):
-    """A `TimedStore` over a store that can commit without waiting (`put_many_now`)."""
+    """A `TimedStore` over a store that can work without waiting (`put_many_now`, `call_now`)."""
 
     def put_many_now(
         self, checkpoints: Sequence[StreamCheckpoint]
     ) -> list[StreamCheckpointError | None] | None:
         return self._timed_batch(self.inner.put_many_now, checkpoints)
+
+    def call_now(self, action: Callable[[], T]) -> tuple[bool, T | None]:
+        return self.inner.call_now(action)  # ``action`` calls this store, which times it
 
 
 def timed(inner: StreamCheckpointStore) -> TimedStore:

@@ -60,10 +60,13 @@ def test_write_growth_benchmark_counts_puts_and_bytes_per_store() -> None:
     for store in ("memory", "file", "diskcache"):
         small, large = by_store[store, 40], by_store[store, 400]
         # every 8 chunks of 4 characters at most: the writer coalesces what the
-        # store has not taken yet into one put
-        assert 1 <= small.puts <= 5
-        assert 1 <= large.puts <= 50
+        # store has not taken yet into one put; a turn that ends within the
+        # gathering time may drop its last one for its closing delete
+        assert small.puts <= 5
+        assert large.puts <= 50
         assert large.time_growth is not None
+    assert by_store["memory", 40].puts >= 1  # written on the stream's thread at once
+    assert by_store["file", 40].puts >= 1  # taken by the writer thread with the delete
     assert by_store["memory", 400].bytes_written is None
     for store in ("file", "diskcache"):
         written = by_store[store, 400].bytes_written

@@ -42,6 +42,14 @@ from awaken_langchain.stores._base import (
 
 T = TypeVar("T")
 
+BRIEF_WAIT = 0.005
+"""Seconds a write made on a turn's own thread (`put_many_now`, `call_now`) waits for
+another process's transaction before it leaves the work to the writer thread.
+
+Other processes' group commits hold the lock for about a millisecond each; a
+write that gave up at once would often hand its work to a background thread,
+which an event loop reading the network keeps from the GIL for far longer."""
+
 _HEAD = b"h\x00"
 _EPOCH = b"e\x00"
 _SEGMENT = b"s\x00"
@@ -791,19 +799,19 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     ) -> list[StreamCheckpointError | None] | None:
         """`put_many`, unless another connection holds the write lock: then ``None``.
 
-        The transaction is begun without a busy wait (SQLite's busy timeout is
-        0 for this attempt). Once begun it cannot wait for a lock again: in WAL
-        mode the writer holding the write lock needs no other lock to commit,
-        and the checkpoint SQLite may run after the commit is passive. A
-        ``None`` means nothing was written.
+        The transaction waits at most `BRIEF_WAIT` for another connection's
+        transaction (SQLite's busy timeout, for this attempt). Once begun it
+        cannot wait for a lock again: in WAL mode the writer holding the write
+        lock needs no other lock to commit, and the checkpoint SQLite may run
+        after the commit is passive. A ``None`` means nothing was written.
         """
         if self.read_only:
             return self.put_many(checkpoints)  # refused, as put_many refuses
-        with self._without_waiting():
+        with self._waiting_briefly():
             return self._put_many(checkpoints, wait=False)
 
     def call_now(self, action: Callable[[], T]) -> tuple[bool, T | None]:
-        """Run ``action`` with SQLite's busy timeout at 0: ``(False, None)`` if a lock was taken.
+        """Run ``action``, waiting at most `BRIEF_WAIT` for a lock: ``(False, None)`` if taken.
 
         Each operation of the store is one transaction begun with the write
         lock (``BEGIN IMMEDIATE``; reads too, for one consistent snapshot), so
@@ -811,7 +819,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         """
         if self.read_only:
             return True, action()  # reads only: nothing waits for a lock
-        with self._without_waiting():
+        with self._waiting_briefly():
             try:
                 return True, action()
             except StreamCheckpointError as exc:
@@ -820,10 +828,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 raise
 
     @contextlib.contextmanager
-    def _without_waiting(self) -> Iterator[None]:
-        """Turn the busy wait of this thread's connection off for the block."""
+    def _waiting_briefly(self) -> Iterator[None]:
+        """Cut the busy wait of this thread's connection to `BRIEF_WAIT` for the block."""
         connection = self._cache._con
-        connection.execute("PRAGMA busy_timeout = 0")
+        connection.execute(f"PRAGMA busy_timeout = {round(BRIEF_WAIT * 1000)}")
         try:
             yield
         finally:
