@@ -11,6 +11,8 @@ from typing import Any
 
 import diskcache
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from awaken_langchain import DiskCacheStreamCheckpointStore, StreamCheckpoint, StreamCheckpointError
 from awaken_langchain.errors import StreamCheckpointFencedError
@@ -335,6 +337,42 @@ def test_segments_large_enough_for_a_file_are_written_and_replaced(tmp_path: Pat
         store.delete("run")
         assert store.get("run") is None
         assert store.list_run_ids() == []
+
+
+_LONG_TURN = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 40_000)),
+        st.tuples(st.just("replace"), st.integers(0, 70_000)),
+    ),
+    min_size=1,
+    max_size=30,
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=_LONG_TURN)
+def test_a_long_turn_reads_back_exactly_and_leaves_no_file_behind(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]
+) -> None:
+    """Texts past diskcache's inline limit (32 KB) keep their early segments in files;
+    appending and replacing around them never loses, splices or orphans a byte."""
+    directory = tmp_path_factory.mktemp("long")
+    with (
+        DiskCacheStreamCheckpointStore(directory, max_checkpoint_bytes=1 << 24) as store,
+        DiskCacheStreamCheckpointStore(directory) as reader,
+    ):
+        epoch = store.claim("run")
+        text = ""
+        for number, (kind, size) in enumerate(steps):
+            letter = "abcdefgh"[number % 8]
+            text = text + letter * size if kind == "append" else "é" * (size // 2) + letter
+            assert store.put_many(
+                [StreamCheckpoint(run_id="run", partial_text=text, epoch=epoch)]
+            ) == [None]
+            assert _text(reader, "run") == text
+        store.delete("run", epoch=epoch)
+        assert store.get("run") is None
+    assert sorted(path.name for path in directory.rglob("*.val")) == []
 
 
 def test_a_group_commit_fences_a_run_claimed_since_its_last_write(tmp_path: Path) -> None:

@@ -783,9 +783,11 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         epoch passes the fencing rule gets
         its new tail segment and head in one multi-row upsert, and its merged-away
         segments removed in one ``DELETE``. Every other checkpoint (a run not
-        written by this store instance, written by someone else since, or with a
-        segment large enough for diskcache to keep in a file) is put through the
-        general path, which reads the record, in the same transaction.
+        written by this store instance, written by someone else since, or whose
+        write would replace or create a segment large enough for diskcache to
+        keep in a file; the older segments of a long turn stay where they are)
+        is put through the general path, which reads the record, in the same
+        transaction.
 
         Returns:
             For each checkpoint, in order, ``None`` or the error its put raised.
@@ -929,7 +931,6 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                     and type(sizes) is list
                     and len(sizes) == len(state.chars)
                     and len(state.head) < largest
-                    and (not sizes or max(sizes) < largest)
                 )
             if not known or (epoch_row is not None and epoch_row[0] != _MODE_RAW):
                 fallback.append((index, plan))
@@ -999,11 +1000,15 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             offset = sum(state.chars[:first])
             merged = encode_text(plan.text[offset:])
             if len(merged) != new_sizes[first] or len(merged) >= largest:
+                # it holds every segment it replaces: none of them is a file when it
+                # is small enough to be a row, and the segments before stay as they are
                 return None
             chars = (*state.chars[:first], len(plan.text) - offset)
             stale = [self._segment_key(run_id, i) for i in range(len(new_sizes), len(sizes))]
             values = [(self._segment_key(run_id, first), merged)]
             return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
+        if sizes and max(sizes) >= largest:
+            return None  # a segment it replaces is a file: the general path removes it
         head, data = self._rewrite_step(plan)
         encoded = head.encode()
         if len(data) >= largest or len(encoded) >= largest:
