@@ -126,7 +126,7 @@ def _streams_usage_on_request(cls: type[BaseChatModel]) -> bool:
 def _open_run(
     store: StreamCheckpointStore, engine: TurnEngine
 ) -> tuple[StreamCheckpoint | None, StreamCheckpointError | None]:
-    """On the writer thread: release the committed turn, claim the run, read it."""
+    """Through the store's writer: release the committed turn, claim the run, read it."""
     released: StreamCheckpointError | None = None
     release = engine.request.release_key
     if release is not None:  # memory holds the previous turn now
@@ -251,8 +251,10 @@ class RecoveringChatModel(BaseChatModel):
     """Write a checkpoint when this many seconds of output are unsaved."""
     checkpoint_deadline: float = Field(default=0.5, gt=0)
     """Seconds a turn waits for its store when it must (opening the run, its last
-    write). Other writes never make the stream wait: a background writer commits
-    them. A store that does not answer in time degrades checkpointing with one
+    write). Other writes never make the stream wait for the store: its writer
+    commits them (a background thread; with DiskCache, an async stream commits a
+    batch itself at most every 10 ms, waiting at most 5 ms for another process's
+    lock). A store that does not answer in time degrades checkpointing with one
     warning; the turn goes on at stream speed, and checkpointing resumes when the
     store answers."""
     stream_idle_timeout: float | None = Field(default=60.0, gt=0)
