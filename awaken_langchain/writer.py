@@ -140,8 +140,11 @@ class CheckpointWriter:
         )
         self._last = -math.inf
         """When the last batch was taken, by the writer thread or by a stream (monotonic)."""
-        self._timer_due: float | None = None
-        """When an event loop's timer set by `submit` commits what streams left pending."""
+        self._timers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, float] = (
+            weakref.WeakKeyDictionary()
+        )
+        """When each event loop's timer set by `submit` commits what streams left pending
+        (one per loop: another loop's thread may be busy, or its loop closed)."""
 
     # -- what streams call ------------------------------------------------------------
 
@@ -199,9 +202,7 @@ class CheckpointWriter:
                     if self._commit_here():
                         return
                 else:
-                    if self._timer_due is None or self._timer_due < now:
-                        self._timer_due = due
-                        loop.call_at(loop.time() + (due - now), self._left_over)
+                    self._remind(loop, due, now)
                     return
             thread = self._thread
             if self._sleeping or thread is None or not thread.is_alive():
@@ -437,20 +438,26 @@ class CheckpointWriter:
         the loop at every network read the loop makes (measured: about 80
         context switches each time that thread wakes during a fast stream).
         """
+        loop = _running_loop()
         with self._cond:
-            self._timer_due = None
+            if loop is not None:
+                self._timers.pop(loop, None)
             if not self._puts or self._ops or self._busy_since is not None:
                 return  # nothing left, or the writer thread takes it after its work
             now = time.monotonic()
             due = self._last + self._gather
-            if now < due:  # a stream committed meanwhile: look again later
-                loop = _running_loop()
-                if loop is not None:
-                    self._timer_due = due
-                    loop.call_at(loop.time() + (due - now), self._left_over)
-                    return
+            if now < due and loop is not None:  # a stream committed meanwhile: look later
+                self._remind(loop, due, now)
+                return
             if not self._commit_here():
                 self._wake()
+
+    def _remind(self, loop: asyncio.AbstractEventLoop, due: float, now: float) -> None:
+        """Have ``loop`` call `_left_over` at ``due`` unless a timer of its own is still set."""
+        if self._timers.get(loop, -math.inf) >= now:
+            return
+        self._timers[loop] = due
+        loop.call_at(loop.time() + (due - now), self._left_over)
 
     def _commit_here(self) -> bool:
         """Commit every pending checkpoint on the calling thread, if the store can start now.

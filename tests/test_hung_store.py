@@ -819,3 +819,42 @@ def test_diskcache_written_on_the_streams_thread_sees_and_keeps_what_the_writer_
         here = run(DiskCacheStreamCheckpointStore(Path(directory) / "here"))
         queued = run(_QueuedDisk(Path(directory) / "queued"))
     assert here == queued
+
+
+def test_a_stream_on_another_event_loop_is_not_left_waiting_for_a_busy_loops_timer(
+    tmp_path: Path,
+) -> None:
+    """Each event loop gets its own timer for what its streams leave pending: a timer set
+    on a loop whose thread went off to do something else cannot hold another's back."""
+    store = DiskCacheStreamCheckpointStore(tmp_path / "cache")
+    writer = CheckpointWriter(store, gather=0.1)
+    epochs = {run: store.claim(run) for run in ("first", "a", "b")}
+    a_left = threading.Event()
+    seen: list[str | None] = []
+
+    def checkpoint(run: str) -> StreamCheckpoint:
+        return StreamCheckpoint(run_id=run, partial_text=f"text of {run}", epoch=epochs[run])
+
+    async def on_a() -> None:
+        writer.submit(checkpoint("first"), on_loop=True)  # committed here: a batch taken now
+        writer.submit(checkpoint("a"), on_loop=True)  # too soon: left for this loop's timer
+        a_left.set()
+        time.sleep(1.0)  # noqa: ASYNC251 - this thread blocks: its loop runs no timer for 1 s
+
+    async def on_b() -> None:
+        assert a_left.wait(5)
+        writer.submit(checkpoint("b"), on_loop=True)  # too soon as well
+        await asyncio.sleep(0.4)  # this loop is free
+        with DiskCacheStreamCheckpointStore(store.directory, read_only=True) as reader:
+            kept = reader.get("b")
+        seen.append(None if kept is None else kept.partial_text)
+
+    threads = [threading.Thread(target=asyncio.run, args=(main(),)) for main in (on_a, on_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == ["text of b"]
+    assert writer.flush(5.0)
+    assert store.get("a") is not None
+    store.close()
