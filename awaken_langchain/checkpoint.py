@@ -527,12 +527,12 @@ class StreamCheckpointStore(ABC):
     def put_many_now(
         self, checkpoints: Sequence[StreamCheckpoint]
     ) -> list[StreamCheckpointError | None] | None:
-        """`put_many`, if it can start without waiting for anyone; else ``None``.
+        """`put_many`, if it can start without waiting long for anyone; else ``None``.
 
         A backend whose writes are local and take a fraction of a millisecond
         once its write lock is held overrides this to attempt the group commit
-        without waiting for that lock: ``None`` means another writer held it
-        and nothing was written. The checkpoint writer then commits on the
+        waiting a few milliseconds at most for that lock: ``None`` means
+        another writer held it and nothing was written. The checkpoint writer then commits on the
         stream's own thread, which spares a thread that would compete with the
         stream for the GIL. The default never attempts (``None``).
 
@@ -542,11 +542,11 @@ class StreamCheckpointStore(ABC):
         return None
 
     def call_now(self, action: Callable[[], _T]) -> tuple[bool, _T | None]:
-        """Run ``action`` (calls of this store's methods) if it needs to wait for no one.
+        """Run ``action`` (calls of this store's methods) if it need not wait long for anyone.
 
         The companion of `put_many_now` for a turn's opening and closing
         operations: a backend that overrides it runs ``action`` on the calling
-        thread with every lock wait turned off. ``(True, result)`` when it
+        thread with every lock wait cut to a few milliseconds. ``(True, result)`` when it
         ran (its errors propagate); ``(False, None)`` when a write in it found
         a lock taken, in which case that write was not made, but writes of
         ``action`` before it were: ``action`` must be safe to run again. The

@@ -27,10 +27,10 @@ A store that fails or hangs therefore costs a stream one warning, not its
 speed: `CheckpointWriter.problem` tells the turn that writes of its run failed
 or that the writer has been stuck longer than the deadline, and the turn goes
 on; when the store answers again, pending writes go through and the turn
-reports the recovery. (A commit on the stream's thread never waits for a
-lock; a disk that stops answering in the middle of a write, such as a hung
-network filesystem, would hold that stream up, which is one reason DiskCache
-belongs on a local disk.)
+reports the recovery. (A commit on the stream's thread waits a few
+milliseconds at most for a lock; a disk that stops answering in the middle of
+a write, such as a hung network filesystem, would hold that stream up, which
+is one reason DiskCache belongs on a local disk.)
 
 Durability: after a crash, the store holds a turn up to its last committed
 batch, at most one cadence window, the gathering time (`GATHER`) and one batch
@@ -192,8 +192,7 @@ class CheckpointWriter:
             if (
                 on_loop
                 and self._put_now is not None
-                and not self._ops
-                and self._busy_since is None
+                and self._idle()
                 and (loop := _running_loop()) is not None
             ):
                 due = self._last + self._gather
@@ -231,9 +230,7 @@ class CheckpointWriter:
         """
         future: Future[T] = Future()
         with self._cond:
-            if self._here() or (
-                self._call_now is not None and not self._ops and self._busy_since is None
-            ):
+            if (self._inline or self._call_now is not None) and self._idle():
                 puts = self._puts
                 if closes is not None:
                     puts.pop(closes, None)
@@ -305,22 +302,17 @@ class CheckpointWriter:
         """Wait until every write handed over so far has been attempted; ``False`` on timeout."""
         until = time.monotonic() + timeout
         with self._cond:
-            if self._puts and self._here():
-                taken = list(self._puts.values())  # left by `submit`, which wrote their runs lately
-                self._puts.clear()
-                self._commit(taken)
-            elif (
-                self._puts
-                and self._put_now is not None
-                and not self._ops
-                and self._busy_since is None
-                and not self._commit_here()  # left for a loop's timer, or the store is busy
+            if (
+                self._puts  # left by `submit` for a later hand-over or a loop's timer
+                and (self._inline or self._put_now is not None)
+                and self._idle()
+                and not self._commit_here()  # the store is busy
             ):
                 self._wake()
-            while self._puts or self._ops or self._busy_since is not None:
+            while self._puts or not self._idle():
                 remaining = until - time.monotonic()
                 if remaining <= 0 or self._thread is None or not self._thread.is_alive():
-                    return not (self._puts or self._ops or self._busy_since is not None)
+                    return not self._puts and self._idle()
                 self._cond.wait(min(remaining, 0.05))
         return True
 
@@ -339,13 +331,17 @@ class CheckpointWriter:
             "(RecoveringChatModel(checkpoint_deadline=...) sets the wait)"
         )
 
-    def _here(self) -> bool:
-        """Whether work may run on the calling thread now (the caller holds ``_cond``).
+    def _idle(self) -> bool:
+        """Whether the writer thread has no operation queued and no batch under way.
 
-        True when the store answers at once and the writer thread has no
-        operation queued or under way.
+        Work may then run on the calling thread (which holds ``_cond``) without
+        overtaking anything the thread was given.
         """
-        return self._inline and not self._ops and self._busy_since is None
+        return not self._ops and self._busy_since is None
+
+    def _here(self) -> bool:
+        """Whether the store answers at once and work may run on the calling thread now."""
+        return self._inline and self._idle()
 
     def _wake(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -442,7 +438,7 @@ class CheckpointWriter:
         with self._cond:
             if loop is not None:
                 self._timers.pop(loop, None)
-            if not self._puts or self._ops or self._busy_since is not None:
+            if not self._puts or not self._idle():
                 return  # nothing left, or the writer thread takes it after its work
             now = time.monotonic()
             due = self._last + self._gather
@@ -463,20 +459,20 @@ class CheckpointWriter:
         """Commit every pending checkpoint on the calling thread, if the store can start now.
 
         The caller holds ``_cond``, so the writer thread cannot take a batch
-        meanwhile. Returns whether the batch was committed (or failed); if the
-        store could not start without waiting, the checkpoints stay pending
-        for the writer thread.
+        meanwhile; the store answers at once or has `put_many_now`. Returns
+        whether the batch was committed (or failed); if the store could not
+        start without waiting, the checkpoints stay pending for the writer
+        thread.
         """
         taken = list(self._puts.values())
         self._puts.clear()
         self._last = time.monotonic()
-        return self._commit(taken, now=True)
+        return self._commit(taken, now=self._put_now is not None)
 
     def _commit(
         self, taken: list[StreamCheckpoint | DeferredCheckpoint], now: bool = False
     ) -> bool:
         errors: list[StreamCheckpointError | None] | None
-        puts: list[StreamCheckpoint] = []
         try:
             puts = [built(p) for p in taken]
             if now:

@@ -792,7 +792,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         Returns:
             For each checkpoint, in order, ``None`` or the error its put raised.
         """
-        errors = self._put_many(checkpoints, wait=True)
+        errors = self._put_many(checkpoints, none_if_busy=False)
         assert errors is not None
         return errors
 
@@ -810,7 +810,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         if self.read_only:
             return self.put_many(checkpoints)  # refused, as put_many refuses
         with self._waiting_briefly():
-            return self._put_many(checkpoints, wait=False)
+            return self._put_many(checkpoints, none_if_busy=True)
 
     def call_now(self, action: Callable[[], T]) -> tuple[bool, T | None]:
         """Run ``action``, waiting at most `BRIEF_WAIT` for a lock: ``(False, None)`` if taken.
@@ -840,7 +840,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             connection.execute(f"PRAGMA busy_timeout = {round(self.timeout * 1000)}")
 
     def _put_many(
-        self, checkpoints: Sequence[StreamCheckpoint], *, wait: bool
+        self, checkpoints: Sequence[StreamCheckpoint], *, none_if_busy: bool
     ) -> list[StreamCheckpointError | None] | None:
         if not checkpoints:
             return []
@@ -874,7 +874,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                             raise  # the database failed: roll the batch back
                         errors[index] = exc
         except StreamCheckpointError as exc:
-            if not wait and _lock_taken(exc.cause):
+            if none_if_busy and _lock_taken(exc.cause):
                 return None  # rolled back, or never begun: nothing was written
             return [exc] * len(checkpoints)
         for plan, stored, state in written:  # remembered once committed
