@@ -14,6 +14,7 @@ from benchmarks import (
     checkpoint_growth,
     checkpoint_put,
     concurrency,
+    lock_wait,
     overhead,
     recovery_latency,
     sdk_overhead,
@@ -35,6 +36,7 @@ def main(quick: bool = False) -> None:
         wasted_work.main(tokens=200, fractions=(0.5,), delay=0.0)
         concurrency.main(streams=16, processes=2, chars=128)
         concurrency.paced(streams=16, processes=2, chars=120)
+        lock_wait.main(processes=2, groups=50, rounds=1)
         capacity.main(chars=60, start=8, limit=16)
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
@@ -47,6 +49,7 @@ def main(quick: bool = False) -> None:
         wasted_work.main()
         concurrency.main()
         concurrency.paced()
+        lock_wait.main()
         capacity.main()
         seam_accuracy.main()
         store_size.main()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -508,6 +510,21 @@ def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *filter(None, [env.get("PYTHONPATH")])])
     return env
+
+
+def child_results(children: Sequence[subprocess.Popen[str]], what: str) -> list[dict[str, Any]]:
+    """The JSON object each child process printed last, in order.
+
+    Raises:
+        RuntimeError: If a child (a ``what``) exited with an error.
+    """
+    results = []
+    for process in children:
+        out, _ = process.communicate(timeout=600)
+        if process.returncode != 0:
+            raise RuntimeError(f"a {what} process failed ({process.returncode})")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
 
 
 # -- paced streams ----------------------------------------------------------------------

@@ -68,6 +68,7 @@ from benchmarks._common import (
     TimedStore,
     answer_for,
     child_env,
+    child_results,
     diskcache_set_floor,
     machine_line,
     make_store,
@@ -369,13 +370,7 @@ def _paced_processes(
         )
         for n in range(processes)
     ]
-    results = []
-    for process in children:
-        out, _ = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise RuntimeError(f"a paced {store_name} worker process failed ({process.returncode})")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return child_results(children, f"paced {store_name} worker")
 
 
 def paced(
@@ -515,13 +510,7 @@ def _processes(
         )
         for n in range(processes)
     ]
-    results = []
-    for process in children:
-        out, _ = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise RuntimeError(f"a {store_name} worker process failed ({process.returncode})")
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+    return child_results(children, f"{store_name} worker")
 
 
 def main(

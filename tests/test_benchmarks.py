@@ -12,6 +12,7 @@ from benchmarks import (
     capacity,
     checkpoint_growth,
     concurrency,
+    lock_wait,
     overhead,
     recovery_latency,
     sdk_overhead,
@@ -175,6 +176,21 @@ def test_paced_benchmark_without_full_collections_leaves_the_collector_as_it_fou
     assert gc.get_threshold() == before
     assert all(row.ok == row.turns == 2 and row.left == 0 for row in rows)
     assert "no full collections" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_lock_wait_benchmark_compares_polling_with_sqlites_sleeps_and_keeps_every_turn(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = lock_wait.main(processes=2, groups=10, runs=2, rounds=2)
+
+    assert [r.case for r in rows] == ["polls", "SQLite sleeps"]
+    for row in rows:
+        assert row.intact
+        assert row.groups == 2 * 10 * 2
+        assert row.wait_max_ms >= row.wait_p99_ms >= row.wait_p50_ms >= 0
+        assert row.cpu_us_per_group > 0
+    assert "lock wait p99 ms" in capsys.readouterr().out
 
 
 @pytest.mark.slow
