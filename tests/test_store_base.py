@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -24,6 +27,7 @@ from awaken_langchain.stores._base import (
     Head,
     check_epoch,
     decode_head,
+    new_write_id,
     plan_append,
 )
 
@@ -197,3 +201,34 @@ def test_an_unchecked_checkpoint_is_the_one_model_construct_builds(fields: dict[
     assert fast.model_dump_json() == slow.model_dump_json()
     assert encode_fields(fast, 1.5) == encode_fields(slow, 1.5)
     assert repr(fast) == repr(slow)
+
+
+def test_write_ids_never_repeat_within_a_process_nor_across_processes_and_forks() -> None:
+    here = [new_write_id() for _ in range(10_000)]
+    assert len(set(here)) == len(here)
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its ids, then leave without running any cleanup
+        os.close(read)
+        os.write(write, " ".join(new_write_id() for _ in range(100)).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        forked = pipe.read().split()
+    os.waitpid(pid, 0)
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from awaken_langchain.stores._base import new_write_id\n"
+            "print(' '.join(new_write_id() for _ in range(100)))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    after = [new_write_id() for _ in range(100)]
+
+    assert len(forked) == len(other) == 100
+    assert len({*here, *forked, *other, *after}) == len(here) + 300

@@ -81,6 +81,7 @@ import errno
 import functools
 import hashlib
 import hmac
+import itertools
 import json
 import os
 import threading
@@ -499,9 +500,28 @@ def resolve_signing_key(signing_key: str | bytes | None) -> bytes | None:
     return key
 
 
+_write_prefix = ""
+_write_numbers = itertools.count()
+
+
+def _draw_write_prefix() -> None:
+    global _write_prefix
+    _write_prefix = os.urandom(8).hex()
+
+
+_draw_write_prefix()
+os.register_at_fork(after_in_child=_draw_write_prefix)
+
+
 def new_write_id() -> str:
-    """Return a fresh random token naming one write."""
-    return os.urandom(8).hex()
+    """Return a token naming one write, distinct from every other writer's.
+
+    A random prefix drawn once per process (and again in a forked child), then
+    a number counted up per write. Drawing random bytes for each write would
+    make a system call that releases the GIL, and a writer thread that gives
+    up the GIL waits for a busy event loop or caller to give it back.
+    """
+    return f"{_write_prefix}{next(_write_numbers):x}"
 
 
 def plan_append(sizes: Sequence[int], delta: int) -> tuple[int, list[int]]:
