@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -359,6 +360,34 @@ def make_store(name: str, directory: Path, redis_url: str | None = None) -> Stre
     raise ValueError(f"unknown store {name!r}; choose from memory, file, diskcache, redis")
 
 
+class _CollectorTime:
+    """CPU seconds the garbage collector spent on each thread (a ``gc.callbacks`` hook).
+
+    A collection runs on the thread whose allocation set it off, for as long
+    as the process's heap takes; one that starts inside a store call is timed
+    with it, though the store did not cause it.
+    """
+
+    def __init__(self) -> None:
+        self._threads = threading.local()
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        here = self._threads
+        if phase == "start":
+            here.started = time.thread_time()
+        elif hasattr(here, "started"):
+            here.total = self.seconds() + time.thread_time() - here.started
+            del here.started
+
+    def seconds(self) -> float:
+        """Collector CPU seconds on this thread so far."""
+        total: float = getattr(self._threads, "total", 0.0)
+        return total
+
+
+COLLECTOR_TIME = _CollectorTime()
+
+
 class TimedStore(StreamCheckpointStore):
     """Delegates to another store and records how long each call took."""
 
@@ -377,6 +406,10 @@ class TimedStore(StreamCheckpointStore):
         """CPU time of the calling thread inside the sync calls (the store's own work)."""
         self.put_cpu_seconds = 0.0
         """The part of ``cpu_seconds`` spent in ``put`` and ``put_many``."""
+        self.put_collector_seconds = 0.0
+        """The part of ``put_cpu_seconds`` spent in garbage collections."""
+        if COLLECTOR_TIME not in gc.callbacks:
+            gc.callbacks.append(COLLECTOR_TIME)
 
     @property
     def total_seconds(self) -> float:
@@ -393,12 +426,14 @@ class TimedStore(StreamCheckpointStore):
 
     def put(self, checkpoint: StreamCheckpoint) -> None:
         start, cpu = time.perf_counter(), time.thread_time()
+        collected = COLLECTOR_TIME.seconds()
         try:
             self.inner.put(checkpoint)
         finally:
             cpu = time.thread_time() - cpu
             self.cpu_seconds += cpu
             self.put_cpu_seconds += cpu
+            self.put_collector_seconds += COLLECTOR_TIME.seconds() - collected
             self.put_seconds.append(time.perf_counter() - start)
         if self.on_commit is not None:
             self.on_commit([checkpoint], time.perf_counter())
@@ -416,12 +451,14 @@ class TimedStore(StreamCheckpointStore):
         checkpoints: Sequence[StreamCheckpoint],
     ) -> list[StreamCheckpointError | None] | None:
         start, cpu = time.perf_counter(), time.thread_time()
+        collected = COLLECTOR_TIME.seconds()
         try:
             errors = put(checkpoints)
         finally:
             cpu = time.thread_time() - cpu
             self.cpu_seconds += cpu
             self.put_cpu_seconds += cpu
+            self.put_collector_seconds += COLLECTOR_TIME.seconds() - collected
             elapsed = time.perf_counter() - start
             self.put_seconds.extend([elapsed] * len(checkpoints))
             self.batches.append(len(checkpoints))
