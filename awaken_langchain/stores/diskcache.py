@@ -453,7 +453,9 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
         clock: Wall-clock time source, injectable for tests.
         timeout: Seconds a write waits for another process's transaction before
-            failing with :class:`StreamCheckpointError`.
+            failing with :class:`StreamCheckpointError`. It tries again every
+            0.5 ms at first, less often the longer it waits (at most every
+            25 ms), so it begins soon after the other transaction ends.
         epoch_grace: Seconds a run's epoch record outlives its checkpoint and
             its last claim.
         signing_key: Key that signs every record this store writes and must
