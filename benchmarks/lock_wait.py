@@ -51,13 +51,13 @@ CASES = ("polls", "SQLite sleeps")
 
 
 def _sqlite_begin(cache: Any) -> Callable[[], None]:
-    """``BEGIN IMMEDIATE`` as diskcache issues it: SQLite's busy handler does the waiting."""
+    """``BEGIN IMMEDIATE`` as diskcache issues it: SQLite's busy handler does the waiting,
+    for as long as the connection's busy timeout (the store's ``timeout``, set when
+    diskcache opened the connection)."""
 
     def begin() -> None:
-        execute = cache._con.execute
-        execute(f"PRAGMA busy_timeout = {round(cache.wait_limit() * 1000)}")
         try:
-            execute("BEGIN IMMEDIATE")
+            cache._con.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             raise diskcache.Timeout from exc
 

@@ -6,6 +6,8 @@ import os
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +214,42 @@ def test_lock_held_too_long_names_the_timeout_setting(tmp_path: Path) -> None:
         finally:
             other._sql("ROLLBACK")
         assert store.claim("run-1") == 1
+
+
+def test_a_store_on_a_database_out_of_wal_mode_still_waits_for_a_reader_to_commit(
+    tmp_path: Path,
+) -> None:
+    """Outside WAL mode a commit needs every reader gone; it waits for them, within `timeout`."""
+    directory = tmp_path / "cache"
+    diskcache.Cache(str(directory), sqlite_journal_mode="delete").close()
+    with DiskCacheStreamCheckpointStore(directory, timeout=10) as store:
+        epoch = store.claim("run")
+        reading = threading.Event()
+
+        def reader() -> None:  # another connection in the middle of a read
+            other = sqlite3.connect(directory / "cache.db", isolation_level=None)
+            other.execute("BEGIN")
+            other.execute("SELECT count(*) FROM Cache").fetchall()
+            reading.set()
+            time.sleep(0.3)
+            other.execute("COMMIT")
+            other.close()
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        assert reading.wait(5)
+        began = time.monotonic()
+        store.put(StreamCheckpoint(run_id="run", partial_text="after the reader", epoch=epoch))
+        waited = time.monotonic() - began
+        thread.join()
+
+        kept = store.get("run")
+        assert kept is not None
+        assert kept.partial_text == "after the reader"
+        assert waited > 0.1  # it waited for the reader instead of failing at once
+        assert store.put_many([StreamCheckpoint(run_id="run", partial_text="x", epoch=epoch)]) == [
+            None
+        ]
 
 
 def test_put_many_writes_every_checkpoint_but_the_refused_ones(tmp_path: Path) -> None:

@@ -261,20 +261,28 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
 
     @contextlib.contextmanager
     def waiting(self, seconds: float) -> Iterator[None]:
-        """Let this thread wait at most ``seconds`` for a lock in the block.
-
-        Transactions (`transact`) poll for that long; the statements between
-        them have SQLite's busy timeout set to it.
-        """
-        connection = self._con
+        """Let this thread's transactions wait at most ``seconds`` for a lock in the block."""
         before = self.wait_limit()
         self._waits.seconds = seconds
-        connection.execute(f"PRAGMA busy_timeout = {_milliseconds(seconds)}")
         try:
             yield
         finally:
             self._waits.seconds = before
-            connection.execute(f"PRAGMA busy_timeout = {_milliseconds(before)}")
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Read outside a transaction, waiting for a lock as long as a transaction would.
+
+        Outside a transaction SQLite's busy timeout is what waits (a reader of a
+        WAL database meets a lock only while another connection recovers it
+        after a crash); `_begin` leaves it at 0, so it is set back here.
+        """
+        connection: sqlite3.Connection = self._con
+        inside = self._txn_id == threading.get_ident()
+        if self._waits.__dict__.get("polling") is connection and not inside:
+            connection.execute(f"PRAGMA busy_timeout = {_milliseconds(self.wait_limit())}")
+            self._waits.polling = None
+        yield
 
     @contextlib.contextmanager
     def transact(self) -> Iterator[None]:
@@ -311,15 +319,23 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
         This tries every `_POLL_FIRST` seconds at first, then after a
         `_POLL_SHARE`-th of the time waited so far (at most `_POLL_MAX`), until
         `wait_limit`: measured across 4 processes (``python -m
-        benchmarks.lock_wait``), waits of 2.4-3.4 ms at p99 instead of 9-18 ms.
+        benchmarks.lock_wait``), waits of 3.2-3.3 ms at p99 instead of 18.6-18.9 ms.
+
+        SQLite's busy timeout must be 0 for a try to answer at once. In WAL mode
+        it is left at 0: once a transaction holds the write lock none of its
+        statements waits for another connection, and `reading` sets it back
+        before a read outside a transaction. Setting it costs a statement, and
+        each statement releases the GIL, which a writer thread behind a busy
+        caller then waits up to a switch interval (5 ms) to take back.
 
         Raises:
             diskcache.Timeout: If the lock stayed taken for the whole limit.
         """
-        execute = self._con.execute
+        connection: sqlite3.Connection = self._con
+        execute = connection.execute
         limit = self.wait_limit()
         start = time.monotonic()
-        execute("PRAGMA busy_timeout = 0")  # a taken lock answers at once
+        kept = self._polling(connection)
         try:
             while True:
                 try:
@@ -333,7 +349,19 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
                     raise diskcache.Timeout(f"the write lock stayed taken for {waited:.3f}s")
                 time.sleep(min(max(_POLL_FIRST, waited / _POLL_SHARE), _POLL_MAX, limit - waited))
         finally:
-            execute(f"PRAGMA busy_timeout = {_milliseconds(limit)}")
+            if not kept:  # not WAL: a commit may wait for readers, as long as the limit
+                execute(f"PRAGMA busy_timeout = {_milliseconds(limit)}")
+
+    def _polling(self, connection: sqlite3.Connection) -> bool:
+        """Set ``connection``'s busy timeout to 0; return whether it may stay there (WAL)."""
+        waits = self._waits
+        if waits.__dict__.get("polling") is connection:
+            return True
+        connection.execute("PRAGMA busy_timeout = 0")
+        (mode,) = connection.execute("PRAGMA journal_mode").fetchone()
+        kept = str(mode).lower() == "wal"
+        waits.polling = connection if kept else None
+        return kept
 
     def key_rows(self) -> list[tuple[Any, int]]:
         """Return every stored key undecoded, so that one bad key cannot stop a listing."""
@@ -392,6 +420,11 @@ class _ReadOnlyCache:
     def close(self) -> None:
         with self._lock:
             self._connection.close()
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Read outside a transaction: the connection keeps the store's busy timeout."""
+        yield
 
     @contextlib.contextmanager
     def transact(self) -> Iterator[None]:
@@ -636,11 +669,12 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return epoch
 
     def _backend_collect_epochs(self) -> None:
-        keys = [  # raw rows only: a pickled key planted in the cache is never unpickled
-            bytes(key)
-            for key, raw in self._cache.key_rows()
-            if raw and bytes(key).startswith(_EPOCH)
-        ]
+        with self._cache.reading():
+            keys = [  # raw rows only: a pickled key planted in the cache is never unpickled
+                bytes(key)
+                for key, raw in self._cache.key_rows()
+                if raw and bytes(key).startswith(_EPOCH)
+            ]
         for start in range(0, len(keys), _COLLECT_BATCH):
             now = self.clock()
             with self._cache.transact():
@@ -737,6 +771,10 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return True
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
+        with self._cache.reading():
+            return self._heads()
+
+    def _heads(self) -> list[tuple[str, bytes]]:
         found = []
         for key, raw in self._cache.key_rows():
             if not raw:  # a pickled key: never unpickled, listed so that it can be removed
@@ -781,9 +819,11 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         if located is None:
             return None
         key, raw = located
-        if raw:
-            return located if key in self._cache else None
-        return located if any(bytes(k) == key for k, r in self._cache.key_rows() if not r) else None
+        with self._cache.reading():
+            if raw:
+                return located if key in self._cache else None
+            rows = self._cache.key_rows()
+        return located if any(bytes(k) == key for k, r in rows if not r) else None
 
     def _raise_if_unreadable(self, run_id: str) -> None:
         located = self._unreadable_row(run_id)
