@@ -275,12 +275,11 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
 
         Outside a transaction SQLite's busy timeout is what waits (a reader of a
         WAL database meets a lock only while another connection recovers it
-        after a crash); `_begin` leaves it at 0, so it is set back here.
+        after a crash); `_begin` may have left it at 0 or at a brief limit, so it
+        is set here (one statement: these are listings and ``gc``, not puts).
         """
-        connection: sqlite3.Connection = self._con
-        inside = self._txn_id == threading.get_ident()
-        if self._waits.__dict__.get("polling") is connection and not inside:
-            connection.execute(f"PRAGMA busy_timeout = {_milliseconds(self.wait_limit())}")
+        if self._txn_id != threading.get_ident():  # inside a transaction it cannot wait
+            self._con.execute(f"PRAGMA busy_timeout = {_milliseconds(self.wait_limit())}")
             self._waits.polling = None
         yield
 
