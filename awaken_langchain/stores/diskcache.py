@@ -251,13 +251,12 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._wait: float = self._timeout
         self._waits = threading.local()
 
     def wait_limit(self) -> float:
         """Seconds this thread's next transaction may wait for the write lock."""
         seconds: float | None = getattr(self._waits, "seconds", None)
-        return self._wait if seconds is None else seconds
+        return float(self._timeout) if seconds is None else seconds
 
     @contextlib.contextmanager
     def waiting(self, seconds: float) -> Iterator[None]:
@@ -354,7 +353,7 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
     def _polling(self, connection: sqlite3.Connection) -> bool:
         """Set ``connection``'s busy timeout to 0; return whether it may stay there (WAL)."""
         waits = self._waits
-        if waits.__dict__.get("polling") is connection:
+        if getattr(waits, "polling", None) is connection:
             return True
         connection.execute("PRAGMA busy_timeout = 0")
         (mode,) = connection.execute("PRAGMA journal_mode").fetchone()
