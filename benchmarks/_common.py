@@ -424,17 +424,23 @@ class TimedStore(StreamCheckpointStore):
             self.cpu_seconds += time.thread_time() - cpu
             self.other_seconds += time.perf_counter() - start
 
-    def put(self, checkpoint: StreamCheckpoint) -> None:
+    @contextlib.contextmanager
+    def _timing_puts(self, count: int) -> Iterator[None]:
+        """Time a block that puts ``count`` checkpoints (its wall time counts for each)."""
         start, cpu = time.perf_counter(), time.thread_time()
         collected = COLLECTOR_TIME.seconds()
         try:
-            self.inner.put(checkpoint)
+            yield
         finally:
             cpu = time.thread_time() - cpu
             self.cpu_seconds += cpu
             self.put_cpu_seconds += cpu
             self.put_collector_seconds += COLLECTOR_TIME.seconds() - collected
-            self.put_seconds.append(time.perf_counter() - start)
+            self.put_seconds.extend([time.perf_counter() - start] * count)
+
+    def put(self, checkpoint: StreamCheckpoint) -> None:
+        with self._timing_puts(1):
+            self.inner.put(checkpoint)
         if self.on_commit is not None:
             self.on_commit([checkpoint], time.perf_counter())
 
@@ -450,17 +456,10 @@ class TimedStore(StreamCheckpointStore):
         put: Callable[[Sequence[StreamCheckpoint]], list[StreamCheckpointError | None] | None],
         checkpoints: Sequence[StreamCheckpoint],
     ) -> list[StreamCheckpointError | None] | None:
-        start, cpu = time.perf_counter(), time.thread_time()
-        collected = COLLECTOR_TIME.seconds()
         try:
-            errors = put(checkpoints)
+            with self._timing_puts(len(checkpoints)):
+                errors = put(checkpoints)
         finally:
-            cpu = time.thread_time() - cpu
-            self.cpu_seconds += cpu
-            self.put_cpu_seconds += cpu
-            self.put_collector_seconds += COLLECTOR_TIME.seconds() - collected
-            elapsed = time.perf_counter() - start
-            self.put_seconds.extend([elapsed] * len(checkpoints))
             self.batches.append(len(checkpoints))
         if self.on_commit is not None and errors is not None:
             written = [c for c, e in zip(checkpoints, errors, strict=True) if e is None]
