@@ -22,6 +22,7 @@ from langchain_core.messages.tool import invalid_tool_call, tool_call, tool_call
 from langchain_core.outputs import ChatGenerationChunk
 from langchain_core.utils._merge import merge_dicts, merge_lists
 from langchain_core.utils.json import parse_partial_json
+from pydantic import BaseModel
 
 from awaken_langchain.checkpoint import (
     CompletedBlock,
@@ -45,6 +46,24 @@ MALFORMED_TOOL_CALL_ERROR = (
 )
 _TERMINAL_KEYS = ("finish_reason", "stop_reason", "done_reason")
 _SKIPPED_KWARGS = ("tool_calls", "function_call")
+
+# An ``AIMessageChunk`` keeps its fields in its ``__dict__`` and does not validate
+# assignment, so a field can be set the way pydantic's ``__setattr__`` sets it
+# (the value, and the name among the fields set) without its two Python frames,
+# on every text chunk passed on whole.
+_DIRECT_ASSIGNMENT = (
+    AIMessageChunk.__setattr__ is BaseModel.__setattr__
+    and not AIMessageChunk.model_config.get("validate_assignment")
+)
+
+
+def _assign(message: AIMessageChunk, name: str, value: Any) -> None:
+    """``setattr(message, name, value)`` for a field of an ``AIMessageChunk``."""
+    if _DIRECT_ASSIGNMENT:
+        message.__dict__[name] = value
+        message.__pydantic_fields_set__.add(name)
+    else:
+        setattr(message, name, value)
 
 
 @dataclass(slots=True)
@@ -694,11 +713,11 @@ class TurnAccumulator:
             if any(metadata.get(key) for key in _TERMINAL_KEYS):
                 return None
             self._merge_metadata(metadata)
-            message.response_metadata = {}
+            _assign(message, "response_metadata", {})
         self._text_parts.append(content)
         if self.blocks:
             self._content = _with_text(self._content, content)
-        message.id = self.message_id
+        _assign(message, "id", self.message_id)
         return message
 
     def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:

@@ -374,7 +374,7 @@ class TurnEngine:
         out = self.acc.feed(generation)
         if self.provider is not None and not self.provider.fed(generation):
             return [], False  # rebuilt from events the checkpoint already showed
-        return out, self.cadence.observe() and self.checkpointing
+        return out, self.checkpointing and self.cadence.observe()
 
     def check_complete(self) -> None:
         """Raise `StreamEndedEarlyError` when the attempt ended without a terminal signal."""

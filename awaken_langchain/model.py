@@ -15,7 +15,15 @@ import dataclasses
 import functools
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -78,6 +86,8 @@ class _CallContext:
     """Whether the call runs in a LangGraph task whose graph has a checkpointer."""
     turns: list[tuple[TurnEngine, Reporter]] = field(default_factory=list)
     """The turns the call opened, for an entry point that must end them itself."""
+    streams: list[AsyncGenerator[ChatGenerationChunk, None]] = field(default_factory=list)
+    """The generators of the async turns the call opened."""
 
 
 _CALL: contextvars.ContextVar[_CallContext | None] = contextvars.ContextVar(
@@ -106,6 +116,49 @@ def _take_call_context(
             thread_id=str(thread) if thread is not None else None,
         )
     return _CallContext(run_id=uuid.uuid4())
+
+
+class _CallStream:
+    """What `RecoveringChatModel.astream` returns: LangChain's stream, closed like a generator.
+
+    Its first read runs with the call's context set (LangChain begins the turn
+    there); every later read is LangChain's own, handed on as it is: an async
+    generator re-yielding each chunk would cost every chunk a resumption.
+    ``aclose`` (a caller that stops reading) ends the call's turns before it
+    returns: their handed-over writes land and their background responses are
+    cancelled. A stream dropped unclosed ends its turns when they are collected.
+    """
+
+    __slots__ = ("_chunks", "_ctx", "_started")
+
+    def __init__(self, chunks: AsyncIterator[AIMessageChunk], ctx: _CallContext) -> None:
+        self._chunks = chunks
+        self._ctx = ctx
+        self._started = False
+
+    def __aiter__(self) -> _CallStream:
+        return self
+
+    def __anext__(self) -> Awaitable[AIMessageChunk]:
+        if self._started:
+            return self._chunks.__anext__()
+        return self._first()
+
+    async def _first(self) -> AIMessageChunk:
+        self._started = True
+        token = _CALL.set(self._ctx)
+        try:
+            return await self._chunks.__anext__()
+        finally:
+            _CALL.reset(token)
+
+    async def aclose(self) -> None:
+        """Stop reading: end the call's turns now, not when they are collected."""
+        close = getattr(self._chunks, "aclose", None)
+        if close is not None:
+            await close()
+        for turn in self._ctx.streams:  # each settles its writes and cancels its responses
+            await turn.aclose()
 
 
 @functools.cache
@@ -161,13 +214,6 @@ def _store_health(engine: TurnEngine, writer: CheckpointWriter, deadline: float)
     if problem is not None:
         return engine.store_failed(problem)
     return engine.store_answered()
-
-
-def _generation(chunk: AIMessageChunk, received: ChatGenerationChunk) -> ChatGenerationChunk:
-    """Wrap a chunk to yield; the received generation is reused when it carries it."""
-    if chunk is received.message:
-        return received
-    return ChatGenerationChunk(message=chunk)
 
 
 async def _one(chunk: ChatGenerationChunk) -> AsyncIterator[ChatGenerationChunk]:
@@ -518,7 +564,7 @@ class RecoveringChatModel(BaseChatModel):
         yield from chunks
 
     @override
-    async def astream(
+    def astream(
         self,
         input: LanguageModelInput,
         config: RunnableConfig | None = None,
@@ -527,28 +573,7 @@ class RecoveringChatModel(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[AIMessageChunk]:
         config, ctx = self._context(config)
-        token = _CALL.set(ctx)
-        try:
-            chunks = super().astream(input, config, stop=stop, **kwargs)
-            first = await anext(chunks, None)
-        finally:
-            _CALL.reset(token)
-        if first is None:
-            return
-        finished = False
-        try:
-            yield first
-            async for chunk in chunks:
-                yield chunk
-            finished = True
-        finally:
-            if not finished:  # the caller stopped reading: close the turn now, not at GC
-                close = getattr(chunks, "aclose", None)
-                if close is not None:
-                    await close()
-                await self._aflush_store()
-                for engine, reporter in ctx.turns:  # the turn's generator ends only at GC
-                    await self._acancel_background(engine, reporter)
+        return _CallStream(super().astream(input, config, stop=stop, **kwargs), ctx)
 
     # -- tools and structured output: delegate to the inner model -------------------------
 
@@ -598,6 +623,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _begin(
         self,
+        ctx: _CallContext,
         messages: list[BaseMessage],
         stop: list[str] | None,
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
@@ -605,13 +631,12 @@ class RecoveringChatModel(BaseChatModel):
         *,
         whole: bool = False,
     ) -> tuple[TurnEngine, Reporter]:
-        """Build the turn's engine and reporter.
+        """Build the turn's engine and reporter, and record them in the call's context.
 
         ``whole`` marks a call answered as one message (``invoke``): the bare
         model would not stream it and would report its usage, so the inner model
         is asked to stream its usage too, when it can.
         """
-        ctx = _take_call_context(run_manager)
         inner = self._inner(ctx.config)
         problem = provider_resume_problem(inner) if self.provider_resume else None
         if problem is not None:  # a configurable model resolved to another model
@@ -731,7 +756,8 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        engine, reporter = self._begin(messages, stop, run_manager, kwargs)
+        ctx = _take_call_context(run_manager)
+        engine, reporter = self._begin(ctx, messages, stop, run_manager, kwargs)
         return self._run(engine, reporter)
 
     def _generate(
@@ -741,44 +767,51 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine, reporter = self._begin(messages, stop, run_manager, kwargs, whole=True)
+        ctx = _take_call_context(run_manager)
+        engine, reporter = self._begin(ctx, messages, stop, run_manager, kwargs, whole=True)
         for _ in self._run(engine, reporter):
             pass
         return ChatResult(generations=[ChatGeneration(message=engine.message())])
 
     def _run(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
+        """Drive one turn: open it, stream its attempts, close it.
+
+        One generator for the whole turn, like its async twin `_arun`, where
+        every level of generators costs each chunk a resumption.
+        """
         try:
             with reporter.turn(engine):
-                yield from self._turn(engine, reporter)
+                yield from self._open(engine, reporter)
+                while (request := engine.next_request()) is not None:
+                    try:
+                        for generation in self._inner_chunks(engine, request):
+                            out, due = engine.on_chunk(generation)
+                            for chunk in out:  # a chunk passed on whole keeps its generation
+                                yield (
+                                    generation
+                                    if chunk is generation.message
+                                    else ChatGenerationChunk(message=chunk)
+                                )
+                            if due:
+                                for report in self._hand_over(engine, engine.snapshot()):
+                                    reporter.report(report)
+                        engine.check_complete()
+                        break
+                    except Exception as exc:
+                        step = engine.on_failure(exc)
+                        yield from self._carry_out(engine, reporter, step)
+                        if step.error is exc:
+                            raise
+                        if step.error is not None:
+                            raise step.error from exc
+                        if step.delay is not None:
+                            self.retry_policy.sleep(step.delay)
+                yield from self._carry_out(engine, reporter, engine.close(), closing=True)
+                yield from engine.final()
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
             self._cancel_background(engine, reporter)
-
-    def _turn(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
-        yield from self._open(engine, reporter)
-        while (request := engine.next_request()) is not None:
-            try:
-                for generation in self._inner_chunks(engine, request):
-                    out, due = engine.on_chunk(generation)
-                    for chunk in out:
-                        yield _generation(chunk, generation)
-                    if due:
-                        for report in self._hand_over(engine, engine.snapshot()):
-                            reporter.report(report)
-                engine.check_complete()
-                break
-            except Exception as exc:
-                step = engine.on_failure(exc)
-                yield from self._carry_out(engine, reporter, step)
-                if step.error is exc:
-                    raise
-                if step.error is not None:
-                    raise step.error from exc
-                if step.delay is not None:
-                    self.retry_policy.sleep(step.delay)
-        yield from self._carry_out(engine, reporter, engine.close(), closing=True)
-        yield from engine.final()
 
     def _open(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         store = self.store
@@ -889,16 +922,19 @@ class RecoveringChatModel(BaseChatModel):
 
     # -- the async driver (twin of the sync one) --------------------------------------------
 
-    async def _astream(
+    def _astream(
         self,
         messages: list[BaseMessage],
         stop: list[str] | None = None,
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        engine, reporter = self._begin(messages, stop, run_manager, kwargs)
-        async for chunk in self._arun(engine, reporter):
-            yield chunk
+        ctx = _take_call_context(run_manager)
+        engine, reporter = self._begin(ctx, messages, stop, run_manager, kwargs)
+        turn = self._arun(engine, reporter)
+        # an async generator function's result: `_CallStream.aclose` ends it at once
+        ctx.streams.append(cast(AsyncGenerator[ChatGenerationChunk, None], turn))
+        return turn  # returned, not re-yielded: a layer costs every chunk
 
     async def _agenerate(
         self,
@@ -907,7 +943,8 @@ class RecoveringChatModel(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        engine, reporter = self._begin(messages, stop, run_manager, kwargs, whole=True)
+        ctx = _take_call_context(run_manager)
+        engine, reporter = self._begin(ctx, messages, stop, run_manager, kwargs, whole=True)
         async for _ in self._arun(engine, reporter):
             pass
         return ChatResult(generations=[ChatGeneration(message=engine.message())])
@@ -915,45 +952,46 @@ class RecoveringChatModel(BaseChatModel):
     async def _arun(
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
+        """`_run` for an async turn."""
         try:
             with reporter.turn(engine):
-                async for chunk in self._aturn(engine, reporter):
-                    yield chunk
+                async for opened in self._aopen(engine, reporter):
+                    yield opened
+                while (request := engine.next_request()) is not None:
+                    try:
+                        async for generation in await self._ainner_chunks(engine, request):
+                            out, due = engine.on_chunk(generation)
+                            for chunk in out:  # a chunk passed on whole keeps its generation
+                                yield (
+                                    generation
+                                    if chunk is generation.message
+                                    else ChatGenerationChunk(message=chunk)
+                                )
+                            if due:
+                                for report in self._ahand_over(engine, engine.snapshot()):
+                                    await reporter.areport(report)
+                        engine.check_complete()
+                        break
+                    except Exception as exc:
+                        step = engine.on_failure(exc)
+                        async for held in self._acarry_out(engine, reporter, step):
+                            yield held
+                        if step.error is exc:
+                            raise
+                        if step.error is not None:
+                            raise step.error from exc
+                        if step.delay is not None:
+                            await self.retry_policy.async_sleep(step.delay)
+                async for closing in self._acarry_out(
+                    engine, reporter, engine.close(), closing=True
+                ):
+                    yield closing
+                for final in engine.final():
+                    yield final
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
             await self._acancel_background(engine, reporter)
-
-    async def _aturn(
-        self, engine: TurnEngine, reporter: Reporter
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        async for opened in self._aopen(engine, reporter):
-            yield opened
-        while (request := engine.next_request()) is not None:
-            try:
-                async for generation in await self._ainner_chunks(engine, request):
-                    out, due = engine.on_chunk(generation)
-                    for chunk in out:
-                        yield _generation(chunk, generation)
-                    if due:
-                        for report in self._ahand_over(engine, engine.snapshot()):
-                            await reporter.areport(report)
-                engine.check_complete()
-                break
-            except Exception as exc:
-                step = engine.on_failure(exc)
-                async for held in self._acarry_out(engine, reporter, step):
-                    yield held
-                if step.error is exc:
-                    raise
-                if step.error is not None:
-                    raise step.error from exc
-                if step.delay is not None:
-                    await self.retry_policy.async_sleep(step.delay)
-        async for closing in self._acarry_out(engine, reporter, engine.close(), closing=True):
-            yield closing
-        for final in engine.final():
-            yield final
 
     async def _aopen(
         self, engine: TurnEngine, reporter: Reporter
@@ -1008,13 +1046,6 @@ class RecoveringChatModel(BaseChatModel):
             writer.forget(engine.key)
         for report in reports:
             await reporter.areport(report)
-
-    async def _aflush_store(self) -> None:
-        """Wait (at most ``checkpoint_deadline``) for writes handed to the store's writer."""
-        if self.store is not None:
-            writer = writer_for(self.store)
-            with contextlib.suppress(StreamCheckpointError):
-                await writer.await_(writer.call(_nothing), self.checkpoint_deadline)
 
     async def _asettle(self, engine: TurnEngine) -> None:
         store = self.store

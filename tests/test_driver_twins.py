@@ -18,7 +18,6 @@ from awaken_langchain.model import RecoveringChatModel
 
 TWINS = [
     ("_run", "_arun"),
-    ("_turn", "_aturn"),
     ("_settle", "_asettle"),
     ("_open", "_aopen"),
     ("_carry_out", "_acarry_out"),
@@ -29,7 +28,6 @@ TWINS = [
 
 RENAMES = {
     "_arun": "_run",
-    "_aturn": "_turn",
     "_asettle": "_settle",
     "_aopen": "_open",
     "_acarry_out": "_carry_out",
