@@ -7,6 +7,7 @@ Run: ``python -m benchmarks [--quick]``; ``--quick`` runs each at a small size
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 
 from benchmarks import (
@@ -14,6 +15,7 @@ from benchmarks import (
     checkpoint_growth,
     checkpoint_put,
     concurrency,
+    instructions,
     lock_wait,
     overhead,
     recovery_latency,
@@ -24,11 +26,20 @@ from benchmarks import (
 )
 
 
+def _instructions(**sizes: int) -> None:
+    if shutil.which("valgrind") is None:  # the only benchmark that needs it
+        print("instructions per chunk: skipped, valgrind is not installed\n")
+        return
+    instructions.main(**sizes)
+    print()
+
+
 def main(quick: bool = False) -> None:
     """Run the benchmarks in turn, each printing its own table."""
     started = time.perf_counter()
     if quick:
         overhead.main(chunks=2_000, rounds=1, turns=50)
+        _instructions(chunks=1_000, short=200, seeds=1)
         sdk_overhead.main(chunks=200, rounds=1)
         checkpoint_put.main(size=20_000, small=2_000, puts=20)
         checkpoint_growth.main(tokens=(100, 1_000))
@@ -42,6 +53,7 @@ def main(quick: bool = False) -> None:
         store_size.main(turns=100)
     else:
         overhead.main()
+        _instructions()
         sdk_overhead.main()
         checkpoint_put.main()
         checkpoint_growth.main()

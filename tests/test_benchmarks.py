@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import shutil
 import subprocess
 import sys
 
@@ -12,6 +13,7 @@ from benchmarks import (
     capacity,
     checkpoint_growth,
     concurrency,
+    instructions,
     lock_wait,
     overhead,
     recovery_latency,
@@ -204,6 +206,18 @@ def test_capacity_benchmark_compares_the_wrapper_with_the_bare_model(
         assert row.trials >= 1
         assert row.cpu_us_per_chunk > 0
     assert "wrapped / bare" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_instruction_benchmark_counts_what_the_wrapper_adds_to_each_chunk() -> None:
+    cases = (instructions.CASES[0], instructions.CASES[2])
+    rows = instructions.measure(chunks=500, short=100, seeds=1, paths=("async",), cases=cases)
+
+    assert [(r.path, r.case) for r in rows] == [("async", c) for c in cases]
+    bare, wrapped = rows
+    assert bare.ratio == 1.0
+    assert bare.mean > 10_000  # a chunk costs tens of thousands of instructions
+    assert wrapped.ratio > 1.0  # the wrapper does work of its own on every chunk
 
 
 def test_all_benchmarks_run_from_one_command() -> None:

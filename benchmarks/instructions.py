@@ -1,0 +1,182 @@
+"""Per-chunk overhead counted in instructions, the figure that does not move with the machine.
+
+CPU time on a shared machine swings by 10 % and more between runs minutes apart
+(section 1 of the README), so a change worth 2 % of a chunk cannot be seen in
+it. Valgrind's ``cachegrind`` counts the instructions a process executes; this
+program runs one stream per process under it, at two lengths, and divides the
+difference by the difference in chunks: what each chunk costs, with the
+interpreter's start-up and the turn's set-up taken out. The counts repeat to
+the instruction for a given ``PYTHONHASHSEED``; across seeds they move by about
+1 % (string hashes change dictionary layouts), so each case runs under
+``--seeds`` seeds and the table shows their mean and range.
+
+Cases: the bare inner model (``TokenStreamModel``, as in ``benchmarks.overhead``)
+and the wrapper without a store, with and without the stream idle timeout,
+sync and async. Store cases are left out: under valgrind a process runs about
+50 times slower, so the writer's timings (its 10 ms gather, the 0.25 s cadence)
+meet far fewer chunks than at full speed and the count would describe another
+program. Instructions are not time: a memory stall or a system call costs no
+more here than an addition, so read these beside the CPU ratios, not instead.
+
+Needs ``valgrind`` on the ``PATH`` (Debian: ``apt-get install valgrind``).
+
+Run: ``python -m benchmarks.instructions [--chunks 20000] [--short 4000] [--seeds 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script from a clone
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks._common import REPO_ROOT, child_env, cores, machine_line, table
+
+IDLE_TIMEOUT = 60.0
+CASES = ("bare inner model", "wrapper, no idle timeout", "wrapper, idle timeout 60 s")
+_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+@dataclass
+class Row:
+    """Instructions per chunk of one case on one path, over the seeds."""
+
+    path: str
+    case: str
+    per_chunk: list[float]
+    ratio: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return sum(self.per_chunk) / len(self.per_chunk)
+
+
+def stream(path: str, case: str, chunks: int) -> int:
+    """Stream one turn of ``chunks`` chunks the way ``case`` says; return the chunks read."""
+    from awaken_langchain import RecoveringChatModel
+    from benchmarks._common import TokenStreamModel
+
+    inner = TokenStreamModel(tokens=chunks)
+    model = (
+        inner
+        if case == CASES[0]
+        else RecoveringChatModel(
+            model=inner, stream_idle_timeout=IDLE_TIMEOUT if case == CASES[2] else None
+        )
+    )
+    if path == "sync":
+        return sum(1 for _ in model.stream("hi"))
+
+    async def drain() -> int:
+        return len([chunk async for chunk in model.astream("hi")])
+
+    return asyncio.run(drain())
+
+
+def _count(path: str, case: str, chunks: int, seed: int) -> int:
+    """Instructions one process executes to stream the turn (valgrind's count)."""
+    command = [
+        "valgrind",
+        "--tool=cachegrind",
+        "--cache-sim=no",
+        "--cachegrind-out-file=/dev/null",
+        sys.executable,
+        "-m",
+        "benchmarks.instructions",
+        "--child",
+        path,
+        str(CASES.index(case)),
+        str(chunks),
+    ]
+    env = {**child_env(), "PYTHONHASHSEED": str(seed)}
+    done = subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    found = _REFS.search(done.stderr)
+    if done.returncode != 0 or found is None:
+        raise RuntimeError(f"valgrind run of {path} {case!r} failed:\n{done.stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
+
+
+def measure(
+    chunks: int,
+    short: int,
+    seeds: int,
+    paths: tuple[str, ...] = ("sync", "async"),
+    cases: tuple[str, ...] = CASES,
+) -> list[Row]:
+    """Instructions per chunk of ``cases`` on ``paths``, ratios against the first case."""
+    if shutil.which("valgrind") is None:
+        raise RuntimeError("valgrind is not on the PATH: install it (apt-get install valgrind)")
+    if chunks <= short:
+        raise ValueError(f"--chunks ({chunks}) must be larger than --short ({short})")
+    jobs = [
+        (path, case, size, seed)
+        for path in paths
+        for case in cases
+        for seed in range(seeds)
+        for size in (short, chunks)
+    ]
+    with ThreadPoolExecutor(max_workers=cores()) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: _count(*job), jobs), strict=True))
+    rows = []
+    for path in paths:
+        for case in cases:
+            per_chunk = [
+                (counts[(path, case, chunks, seed)] - counts[(path, case, short, seed)])
+                / (chunks - short)
+                for seed in range(seeds)
+            ]
+            rows.append(Row(path, case, per_chunk))
+        bare = rows[-len(cases)].mean
+        for row in rows[-len(cases) :]:
+            row.ratio = row.mean / bare
+    return rows
+
+
+def main(chunks: int = 20_000, short: int = 4_000, seeds: int = 3) -> list[Row]:
+    """Measure, print the table and return the rows."""
+    rows = measure(chunks, short, seeds)
+    print(
+        f"## Instructions per chunk (valgrind cachegrind; {chunks:,} minus {short:,} chunks, "
+        f"{seeds} hash seeds); {machine_line()}"
+    )
+    print(
+        table(
+            ["path", "case", "instructions/chunk", "range over seeds", "ratio"],
+            [
+                (
+                    r.path,
+                    r.case,
+                    f"{r.mean:,.0f}",
+                    f"{min(r.per_chunk):,.0f}-{max(r.per_chunk):,.0f}",
+                    f"{r.ratio:.3f}x",
+                )
+                for r in rows
+            ],
+        )
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--chunks", type=int, default=20_000)
+    parser.add_argument("--short", type=int, default=4_000)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--child", nargs=3, metavar=("PATH", "CASE", "CHUNKS"))
+    args = parser.parse_args()
+    if args.child:
+        path, case, size = args.child[0], CASES[int(args.child[1])], int(args.child[2])
+        if stream(path, case, size) < size:
+            raise SystemExit(f"the stream ended early ({path}, {case})")
+    else:
+        main(args.chunks, args.short, args.seeds)
