@@ -44,7 +44,16 @@ MALFORMED_TOOL_CALL_ERROR = (
     "This tool call's arguments were not a complete JSON object, so it was not "
     "executed. Re-issue the call with valid JSON arguments if it is still needed."
 )
-_TERMINAL_KEYS = ("finish_reason", "stop_reason", "done_reason")
+
+
+def _ends_turn(metadata: Mapping[str, Any]) -> bool:
+    """Whether response metadata marks the end of the answer (``finish_reason`` and kin)."""
+    # spelled out, not ``any()`` over the keys: a generator per chunk costs more than the test
+    return bool(
+        metadata.get("finish_reason") or metadata.get("stop_reason") or metadata.get("done_reason")
+    )
+
+
 _SKIPPED_KWARGS = ("tool_calls", "function_call")
 
 # An ``AIMessageChunk`` keeps its fields in its ``__dict__`` and does not validate
@@ -709,15 +718,20 @@ class TurnAccumulator:
         if type(content) is not str or not content:
             return None
         metadata = message.response_metadata
-        if metadata:
-            if any(metadata.get(key) for key in _TERMINAL_KEYS):
+        if metadata:  # every chunk of the OpenAI and Anthropic integrations names its provider
+            if _ends_turn(metadata):
                 return None
-            self._merge_metadata(metadata)
+            if not metadata.items() <= self.response_metadata.items():  # else merged already
+                self._merge_metadata(metadata)
             _assign(message, "response_metadata", {})
         self._text_parts.append(content)
         if self.blocks:
             self._content = _with_text(self._content, content)
-        _assign(message, "id", self.message_id)
+        if _DIRECT_ASSIGNMENT:  # `_assign`, inlined: this runs for every text chunk
+            message.__dict__["id"] = self.message_id
+            message.__pydantic_fields_set__.add("id")
+        else:
+            message.id = self.message_id
         return message
 
     def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:
@@ -1093,8 +1107,7 @@ class TurnAccumulator:
                 merged[key] = value
 
     def _has_terminal(self) -> bool:
-        metadata = self.response_metadata
-        return any(metadata.get(key) for key in _TERMINAL_KEYS)
+        return _ends_turn(self.response_metadata)
 
 
 class CheckpointCadence:

@@ -122,6 +122,18 @@ class TokenStreamModel(BaseChatModel):
 
     tokens: int = 1_000
     """Text chunks streamed before the terminal chunk."""
+    provider: str | None = None
+    """Name each chunk's provider in its ``response_metadata`` (``model_provider``),
+    as the OpenAI and Anthropic integrations do on every chunk."""
+
+    def _chunk(self, text: str, **metadata: Any) -> ChatGenerationChunk:
+        if self.provider is not None:
+            metadata["model_provider"] = self.provider
+        if metadata:
+            return ChatGenerationChunk(
+                message=AIMessageChunk(content=text, response_metadata=metadata)
+            )
+        return ChatGenerationChunk(message=AIMessageChunk(content=text))
 
     @property
     def _llm_type(self) -> str:
@@ -134,19 +146,15 @@ class TokenStreamModel(BaseChatModel):
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
         for _ in range(self.tokens):
-            yield ChatGenerationChunk(message=AIMessageChunk(content=TOKEN))
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
-        )
+            yield self._chunk(TOKEN)
+        yield self._chunk("", finish_reason="stop")
 
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
         for _ in range(self.tokens):
-            yield ChatGenerationChunk(message=AIMessageChunk(content=TOKEN))
-        yield ChatGenerationChunk(
-            message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
-        )
+            yield self._chunk(TOKEN)
+        yield self._chunk("", finish_reason="stop")
 
 
 def answer_for(request: str, chars: int) -> str:

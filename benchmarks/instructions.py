@@ -12,7 +12,9 @@ the instruction for a given ``PYTHONHASHSEED``; across seeds they move by about
 
 Cases: the bare inner model (``TokenStreamModel``, as in ``benchmarks.overhead``)
 and the wrapper without a store, with and without the stream idle timeout,
-sync and async. Store cases are left out: under valgrind a process runs about
+sync and async, and async again with chunks that name their provider in their
+``response_metadata``, as every chunk of the OpenAI and Anthropic
+integrations does. Store cases are left out: under valgrind a process runs about
 50 times slower, so the writer's timings (its 10 ms gather, the 0.25 s cadence)
 meet far fewer chunks than at full speed and the count would describe another
 program. Instructions are not time: a memory stall or a system call costs no
@@ -42,6 +44,7 @@ from benchmarks._common import REPO_ROOT, child_env, cores, machine_line, table
 
 IDLE_TIMEOUT = 60.0
 CASES = ("bare inner model", "wrapper, no idle timeout", "wrapper, idle timeout 60 s")
+PATHS = ("sync", "async", "async, provider metadata")
 _REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
@@ -64,7 +67,9 @@ def stream(path: str, case: str, chunks: int) -> int:
     from awaken_langchain import RecoveringChatModel
     from benchmarks._common import TokenStreamModel
 
-    inner = TokenStreamModel(tokens=chunks)
+    inner = TokenStreamModel(
+        tokens=chunks, provider="openai" if path.endswith("provider metadata") else None
+    )
     model = (
         inner
         if case == CASES[0]
@@ -92,7 +97,7 @@ def _count(path: str, case: str, chunks: int, seed: int) -> int:
         "-m",
         "benchmarks.instructions",
         "--child",
-        path,
+        str(PATHS.index(path)),
         str(CASES.index(case)),
         str(chunks),
     ]
@@ -110,7 +115,7 @@ def measure(
     chunks: int,
     short: int,
     seeds: int,
-    paths: tuple[str, ...] = ("sync", "async"),
+    paths: tuple[str, ...] = PATHS,
     cases: tuple[str, ...] = CASES,
 ) -> list[Row]:
     """Instructions per chunk of ``cases`` on ``paths``, ratios against the first case."""
@@ -175,7 +180,7 @@ if __name__ == "__main__":
     parser.add_argument("--child", nargs=3, metavar=("PATH", "CASE", "CHUNKS"))
     args = parser.parse_args()
     if args.child:
-        path, case, size = args.child[0], CASES[int(args.child[1])], int(args.child[2])
+        path, case, size = PATHS[int(args.child[0])], CASES[int(args.child[1])], int(args.child[2])
         if stream(path, case, size) < size:
             raise SystemExit(f"the stream ended early ({path}, {case})")
     else:
