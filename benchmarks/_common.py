@@ -126,14 +126,11 @@ class TokenStreamModel(BaseChatModel):
     """Name each chunk's provider in its ``response_metadata`` (``model_provider``),
     as the OpenAI and Anthropic integrations do on every chunk."""
 
-    def _chunk(self, text: str, **metadata: Any) -> ChatGenerationChunk:
-        if self.provider is not None:
-            metadata["model_provider"] = self.provider
-        if metadata:
-            return ChatGenerationChunk(
-                message=AIMessageChunk(content=text, response_metadata=metadata)
-            )
-        return ChatGenerationChunk(message=AIMessageChunk(content=text))
+    def _last(self) -> dict[str, Any]:
+        """The metadata of the terminal chunk."""
+        if self.provider is None:
+            return {"finish_reason": "stop"}
+        return {"finish_reason": "stop", "model_provider": self.provider}
 
     @property
     def _llm_type(self) -> str:
@@ -145,16 +142,36 @@ class TokenStreamModel(BaseChatModel):
     def _stream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> Iterator[ChatGenerationChunk]:
-        for _ in range(self.tokens):
-            yield self._chunk(TOKEN)
-        yield self._chunk("", finish_reason="stop")
+        provider = self.provider
+        for _ in range(self.tokens):  # a fresh chunk per token, naming its provider if any
+            if provider is None:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=TOKEN))
+            else:
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content=TOKEN, response_metadata={"model_provider": provider}
+                    )
+                )
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata=self._last())
+        )
 
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
-        for _ in range(self.tokens):
-            yield self._chunk(TOKEN)
-        yield self._chunk("", finish_reason="stop")
+        provider = self.provider
+        for _ in range(self.tokens):  # a fresh chunk per token, naming its provider if any
+            if provider is None:
+                yield ChatGenerationChunk(message=AIMessageChunk(content=TOKEN))
+            else:
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content=TOKEN, response_metadata={"model_provider": provider}
+                    )
+                )
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", response_metadata=self._last())
+        )
 
 
 def answer_for(request: str, chars: int) -> str:
