@@ -228,3 +228,32 @@ class _PlainModel:
 )
 def test_model_settings_are_every_output_shaping_setting_the_model_has(model: object) -> None:
     assert model_settings(model) == _settings_read_one_by_one(model)
+
+
+_METADATA = st.dictionaries(
+    st.sampled_from(["model_provider", "model_name", "system_fingerprint", "service_tier"]),
+    st.one_of(st.none(), st.sampled_from(["openai", "anthropic", "gpt-x", 1])),
+    max_size=3,
+)
+
+
+@given(st.lists(st.tuples(st.text(min_size=1, max_size=5), _METADATA), min_size=1, max_size=30))
+@settings(max_examples=200, deadline=None)
+def test_text_chunks_carry_the_turns_id_and_the_turns_metadata_is_every_chunks_merged_in_order(
+    chunks: list[tuple[str, dict[str, object]]],
+) -> None:
+    acc = TurnAccumulator("turn-id")
+    expected: dict[str, object] = {}
+    released: list[AIMessageChunk] = []
+    for text, metadata in chunks:
+        released += acc.feed(gen(AIMessageChunk(content=text, response_metadata=dict(metadata))))
+        for key, value in metadata.items():  # a later value wins; None never hides one
+            if value is not None or key not in expected:
+                expected[key] = value
+    released += acc.end_of_turn()
+    assert "".join(str(c.content) for c in released) == "".join(t for t, _ in chunks)
+    for chunk in released:
+        assert chunk.id == "turn-id"
+        assert chunk.model_dump(exclude_unset=True)["id"] == "turn-id"  # recorded as set
+        assert chunk.response_metadata == {}  # merged into the turn's instead
+    assert acc.response_metadata == expected
