@@ -84,10 +84,8 @@ class _CallContext:
     config: RunnableConfig | None = None
     in_graph_memory: bool = False
     """Whether the call runs in a LangGraph task whose graph has a checkpointer."""
-    turns: list[tuple[TurnEngine, Reporter]] = field(default_factory=list)
-    """The turns the call opened, for an entry point that must end them itself."""
     streams: list[AsyncGenerator[ChatGenerationChunk, None]] = field(default_factory=list)
-    """The generators of the async turns the call opened."""
+    """The generators of the async turns the call opened, for `_CallStream.aclose`."""
 
 
 _CALL: contextvars.ContextVar[_CallContext | None] = contextvars.ContextVar(
@@ -631,7 +629,7 @@ class RecoveringChatModel(BaseChatModel):
         *,
         whole: bool = False,
     ) -> tuple[TurnEngine, Reporter]:
-        """Build the turn's engine and reporter, and record them in the call's context.
+        """Build the turn's engine and reporter from the call's context.
 
         ``whole`` marks a call answered as one message (``invoke``): the bare
         model would not stream it and would report its usage, so the inner model
@@ -695,9 +693,7 @@ class RecoveringChatModel(BaseChatModel):
             model=params.get("ls_model_name"),
             provider=params.get("ls_provider"),
         )
-        engine = TurnEngine(turn, request)
-        ctx.turns.append((engine, reporter))
-        return engine, reporter
+        return TurnEngine(turn, request), reporter
 
     def _fallback_chain(
         self,

@@ -40,7 +40,15 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import REPO_ROOT, child_env, cores, machine_line, table
+from awaken_langchain import RecoveringChatModel
+from benchmarks._common import (
+    REPO_ROOT,
+    TokenStreamModel,
+    child_env,
+    cores,
+    machine_line,
+    table,
+)
 
 IDLE_TIMEOUT = 60.0
 CASES = ("bare inner model", "wrapper, no idle timeout", "wrapper, idle timeout 60 s")
@@ -64,12 +72,7 @@ class Row:
 
 def stream(path: str, case: str, chunks: int) -> int:
     """Stream one turn of ``chunks`` chunks the way ``case`` says; return the chunks read."""
-    from awaken_langchain import RecoveringChatModel
-    from benchmarks._common import TokenStreamModel
-
-    inner = TokenStreamModel(
-        tokens=chunks, provider="openai" if path.endswith("provider metadata") else None
-    )
+    inner = TokenStreamModel(tokens=chunks, provider="openai" if path == PATHS[2] else None)
     model = (
         inner
         if case == CASES[0]
