@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.exceptions import ModelAuthenticationError
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage
 from langchain_core.messages.utils import message_chunk_to_message
-from langchain_core.runnables import RunnableLambda
-from pydantic import BaseModel
+from langchain_core.outputs import ChatGenerationChunk
+from langchain_core.runnables import RunnableLambda, RunnableParallel
+from pydantic import BaseModel, PrivateAttr
 
 from awaken_langchain.errors import StreamInterruptedError
 from awaken_langchain.model import RecoveringChatModel
@@ -361,6 +364,89 @@ async def test_cancelling_the_caller_is_not_reported_as_a_stall() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(inner.calls) == 1
+
+
+async def test_a_read_is_never_cut_before_it_has_lasted_the_idle_timeout(drive: Drive) -> None:
+    waits = [step for chunk in text("a b c d e f g h ") for step in (Stall(0.15), chunk)]
+    model, inner = wrap([*waits, finish()], stream_idle_timeout=0.2)
+    message = await drive.invoke(model, "x")
+    assert message.content == "a b c d e f g h "
+    assert message.response_metadata["awaken"]["interruptions"] == []
+    assert len(inner.calls) == 1
+
+
+async def test_a_stalled_read_is_cut_soon_after_the_idle_timeout(drive: Drive) -> None:
+    model, inner = wrap(
+        [*text("Slow start "), Stall(3.0), *text("never seen")],
+        [*text("then fine."), finish()],
+        stream_idle_timeout=0.4,
+    )
+    started = time.monotonic()
+    message = await drive.invoke(model, "x")
+    took = time.monotonic() - started
+    assert message.content == "Slow start then fine."
+    assert len(inner.calls) == 2
+    assert 0.4 <= took < 1.5  # cut once the wait lasted the timeout, long before the stall ends
+
+
+async def test_a_stall_is_cut_when_every_chunk_is_read_in_a_task_of_its_own() -> None:
+    """LangChain's parallel steps read each chunk of a stream in a new task."""
+    model, inner = wrap(
+        [*text("Slow start "), Stall(30.0), *text("never seen")],
+        [*text("then fine."), finish()],
+        stream_idle_timeout=0.1,
+    )
+    parallel = RunnableParallel(answer=model)
+    chunks = await asyncio.wait_for(_collect(parallel.astream("x")), 10.0)
+    assert "".join(str(chunk["answer"].content) for chunk in chunks) == "Slow start then fine."
+    assert len(inner.calls) == 2
+
+
+async def _collect(stream: AsyncIterator[Any]) -> list[Any]:
+    return [item async for item in stream]
+
+
+class _NotAGenerator:
+    """An async iterator that is not an async generator, over one that is."""
+
+    def __init__(self, inner: AsyncIterator[ChatGenerationChunk]) -> None:
+        self._inner = inner
+        self.closed = False
+
+    def __aiter__(self) -> _NotAGenerator:
+        return self
+
+    async def __anext__(self) -> ChatGenerationChunk:
+        return await self._inner.__anext__()
+
+    async def aclose(self) -> None:
+        self.closed = True
+        await cast(AsyncGenerator[ChatGenerationChunk, None], self._inner).aclose()
+
+
+class _IteratorModel(ScriptedChatModel):
+    """Streams through an async iterator object instead of an async generator."""
+
+    _opened: list[_NotAGenerator] = PrivateAttr(default_factory=list)
+
+    @property
+    def opened(self) -> list[_NotAGenerator]:
+        return self._opened
+
+    def _astream(self, *args: Any, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:  # type: ignore[override]
+        stream = _NotAGenerator(super()._astream(*args, **kwargs))
+        self._opened.append(stream)
+        return stream
+
+
+async def test_a_stream_that_is_not_an_async_generator_times_out_and_is_closed() -> None:
+    inner = _IteratorModel(
+        scripts=[[*text("Slow start "), Stall(30.0)], [*text("then fine."), finish()]]
+    )
+    model = RecoveringChatModel(model=inner, retry_policy=NO_WAIT, stream_idle_timeout=0.1)
+    chunks = await asyncio.wait_for(_collect(model.astream("x")), 10.0)
+    assert "".join(str(chunk.content) for chunk in chunks) == "Slow start then fine."
+    assert [stream.closed for stream in inner.opened] == [True, True]
 
 
 def test_reasoning_models_get_the_longer_idle_timeout() -> None:
