@@ -10,6 +10,17 @@ the instruction for a given ``PYTHONHASHSEED``; across seeds they move by about
 1 % (string hashes change dictionary layouts), so each case runs under
 ``--seeds`` seeds and the table shows their mean and range.
 
+Each case is counted twice: as it runs, and with the garbage collector off
+(``gc.disable()`` before the turn). LangChain keeps every chunk of a streamed
+turn until it ends, so the collector's passes over that growing heap cost about
+15 000 instructions per chunk here, bare and wrapped alike (the same number of
+collections of each generation: short-lived objects do not count towards
+them). How much one run pays depends on where in the heap's growth its
+collections fall, which moves with the hash seed and with unrelated changes to
+the code by 1 000 to 3 000 instructions per chunk. Without the collector a
+count moves by a few hundred across seeds: that column is the one to compare
+two versions of the code with; the first is what a process really runs.
+
 Cases: the bare inner model (``TokenStreamModel``, as in ``benchmarks.overhead``)
 and the wrapper without a store, with and without the stream idle timeout,
 sync and async, and async again with chunks that name their provider in their
@@ -29,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import re
 import shutil
 import subprocess
@@ -63,11 +75,19 @@ class Row:
     path: str
     case: str
     per_chunk: list[float]
+    """With the garbage collector on, per seed."""
+    without_gc: list[float]
+    """With the garbage collector off, per seed."""
     ratio: float = 0.0
+    ratio_without_gc: float = 0.0
 
     @property
     def mean(self) -> float:
         return sum(self.per_chunk) / len(self.per_chunk)
+
+    @property
+    def mean_without_gc(self) -> float:
+        return sum(self.without_gc) / len(self.without_gc)
 
 
 def stream(path: str, case: str, chunks: int) -> int:
@@ -89,7 +109,7 @@ def stream(path: str, case: str, chunks: int) -> int:
     return asyncio.run(drain())
 
 
-def _count(path: str, case: str, chunks: int, seed: int) -> int:
+def _count(path: str, case: str, chunks: int, seed: int, collector: bool) -> int:
     """Instructions one process executes to stream the turn (valgrind's count)."""
     command = [
         "valgrind",
@@ -103,6 +123,7 @@ def _count(path: str, case: str, chunks: int, seed: int) -> int:
         str(PATHS.index(path)),
         str(CASES.index(case)),
         str(chunks),
+        "1" if collector else "0",
     ]
     env = {**child_env(), "PYTHONHASHSEED": str(seed)}
     done = subprocess.run(
@@ -127,26 +148,34 @@ def measure(
     if chunks <= short:
         raise ValueError(f"--chunks ({chunks}) must be larger than --short ({short})")
     jobs = [
-        (path, case, size, seed)
+        (path, case, size, seed, collector)
         for path in paths
         for case in cases
         for seed in range(seeds)
+        for collector in (True, False)
         for size in (short, chunks)
     ]
     with ThreadPoolExecutor(max_workers=cores()) as pool:
         counts = dict(zip(jobs, pool.map(lambda job: _count(*job), jobs), strict=True))
+
+    def per_chunk(path: str, case: str, collector: bool) -> list[float]:
+        return [
+            (
+                counts[(path, case, chunks, seed, collector)]
+                - counts[(path, case, short, seed, collector)]
+            )
+            / (chunks - short)
+            for seed in range(seeds)
+        ]
+
     rows = []
     for path in paths:
         for case in cases:
-            per_chunk = [
-                (counts[(path, case, chunks, seed)] - counts[(path, case, short, seed)])
-                / (chunks - short)
-                for seed in range(seeds)
-            ]
-            rows.append(Row(path, case, per_chunk))
-        bare = rows[-len(cases)].mean
+            rows.append(Row(path, case, per_chunk(path, case, True), per_chunk(path, case, False)))
+        bare = rows[-len(cases)]
         for row in rows[-len(cases) :]:
-            row.ratio = row.mean / bare
+            row.ratio = row.mean / bare.mean
+            row.ratio_without_gc = row.mean_without_gc / bare.mean_without_gc
     return rows
 
 
@@ -159,7 +188,16 @@ def main(chunks: int = 20_000, short: int = 4_000, seeds: int = 3) -> list[Row]:
     )
     print(
         table(
-            ["path", "case", "instructions/chunk", "range over seeds", "ratio"],
+            [
+                "path",
+                "case",
+                "instructions/chunk",
+                "range over seeds",
+                "ratio",
+                "without GC",
+                "range",
+                "ratio",
+            ],
             [
                 (
                     r.path,
@@ -167,6 +205,9 @@ def main(chunks: int = 20_000, short: int = 4_000, seeds: int = 3) -> list[Row]:
                     f"{r.mean:,.0f}",
                     f"{min(r.per_chunk):,.0f}-{max(r.per_chunk):,.0f}",
                     f"{r.ratio:.3f}x",
+                    f"{r.mean_without_gc:,.0f}",
+                    f"{min(r.without_gc):,.0f}-{max(r.without_gc):,.0f}",
+                    f"{r.ratio_without_gc:.3f}x",
                 )
                 for r in rows
             ],
@@ -180,10 +221,12 @@ if __name__ == "__main__":
     parser.add_argument("--chunks", type=int, default=20_000)
     parser.add_argument("--short", type=int, default=4_000)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--child", nargs=3, metavar=("PATH", "CASE", "CHUNKS"))
+    parser.add_argument("--child", nargs=4, metavar=("PATH", "CASE", "CHUNKS", "GC"))
     args = parser.parse_args()
     if args.child:
         path, case, size = PATHS[int(args.child[0])], CASES[int(args.child[1])], int(args.child[2])
+        if args.child[3] == "0":
+            gc.disable()
         if stream(path, case, size) < size:
             raise SystemExit(f"the stream ended early ({path}, {case})")
     else:

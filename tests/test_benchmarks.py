@@ -217,7 +217,10 @@ def test_instruction_benchmark_counts_what_the_wrapper_adds_to_each_chunk() -> N
     bare, wrapped = rows
     assert bare.ratio == 1.0
     assert bare.mean > 10_000  # a chunk costs tens of thousands of instructions
+    assert bare.mean_without_gc > 10_000
     assert wrapped.ratio > 1.0  # the wrapper does work of its own on every chunk
+    assert wrapped.ratio_without_gc > 1.0
+    assert bare.ratio_without_gc == 1.0
 
 
 def test_all_benchmarks_run_from_one_command() -> None:
