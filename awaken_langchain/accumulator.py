@@ -66,15 +66,6 @@ _DIRECT_ASSIGNMENT = (
 )
 
 
-def _assign(message: AIMessageChunk, name: str, value: Any) -> None:
-    """``setattr(message, name, value)`` for a field of an ``AIMessageChunk``."""
-    if _DIRECT_ASSIGNMENT:
-        message.__dict__[name] = value
-        message.__pydantic_fields_set__.add(name)
-    else:
-        setattr(message, name, value)
-
-
 @dataclass(slots=True)
 class _OpenCall:
     index: int
@@ -696,17 +687,13 @@ class TurnAccumulator:
         chunk; a text-only chunk needs no rewriting beyond its id and metadata,
         which `feed` would drop from the yielded chunk anyway (the metadata is
         merged into the turn's, as `feed` does).
+
+        The fields are read from the models' ``__dict__``: reading an attribute
+        of a pydantic model goes through its ``__getattr__`` hook, which the
+        interpreter cannot specialize, and this runs for every chunk.
         """
-        message = generation.message
         if (
-            type(message) is not AIMessageChunk
-            or generation.generation_info
-            or message.tool_call_chunks
-            or message.additional_kwargs
-            or message.usage_metadata
-            or message.chunk_position is not None
-            or message.name is not None
-            or self.terminal
+            self.terminal
             or not self._visible
             or self.hold_text
             or self._held
@@ -714,24 +701,45 @@ class TurnAccumulator:
             or (self._seam is not None and self._seam.active)
         ):
             return None
-        content = message.content
+        try:
+            outer = generation.__dict__
+            message = outer["message"]
+            if type(message) is not AIMessageChunk or outer["generation_info"]:
+                return None
+            fields = message.__dict__
+            if (
+                fields["tool_call_chunks"]
+                or fields["additional_kwargs"]
+                or fields["usage_metadata"]
+                or fields["chunk_position"] is not None
+                or fields["name"] is not None
+            ):
+                return None
+            content = fields["content"]
+            metadata = fields["response_metadata"]
+        except KeyError:  # not pydantic's layout: the general path
+            return None
         if type(content) is not str or not content:
             return None
-        metadata = message.response_metadata
         if metadata:  # every chunk of the OpenAI and Anthropic integrations names its provider
             if _ends_turn(metadata):
                 return None
             if not metadata.items() <= self.response_metadata.items():  # else merged already
                 self._merge_metadata(metadata)
-            _assign(message, "response_metadata", {})
         self._text_parts.append(content)
         if self.blocks:
             self._content = _with_text(self._content, content)
-        if _DIRECT_ASSIGNMENT:  # `_assign`, inlined: this runs for every text chunk
-            message.__dict__["id"] = self.message_id
-            message.__pydantic_fields_set__.add("id")
+        if _DIRECT_ASSIGNMENT:  # as pydantic's `__setattr__` would, without its frames
+            fields["id"] = self.message_id
+            fields_set = message.__pydantic_fields_set__
+            fields_set.add("id")
+            if metadata:
+                fields["response_metadata"] = {}
+                fields_set.add("response_metadata")
         else:
             message.id = self.message_id
+            if metadata:
+                message.response_metadata = {}
         return message
 
     def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:
