@@ -1048,8 +1048,8 @@ class TurnAccumulator:
         if raw_index is None or raw_index not in self._index_map:
             for index in sorted(self._open):
                 self._close_call(self._open.pop(index), out, interrupted=False)
-            index = self._next_index
-            self._next_index += 1
+            index = self._call_index(raw_index)
+            self._next_index = index + 1
             if raw_index is not None:
                 self._index_map[raw_index] = index
             self._open[index] = _OpenCall(index=index)
@@ -1066,6 +1066,17 @@ class TurnAccumulator:
             call.size += len(args)
         if raw_index is None:
             self._close_call(self._open.pop(call.index), out, interrupted=False)
+
+    def _call_index(self, raw: Any) -> int:
+        """The turn's index for a new call.
+
+        The stream's own (its content block's, when blocks are mapped), unless the
+        turn already used that index or a later one.
+        """
+        index = self._block_map.get(raw, raw) if self.blocks else raw
+        if isinstance(index, int) and index >= self._next_index:
+            return index
+        return self._next_index
 
     def _close_call(self, call: _OpenCall, out: list[AIMessageChunk], *, interrupted: bool) -> None:
         raw = call.args()

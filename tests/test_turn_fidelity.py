@@ -94,6 +94,7 @@ def _comparable(message: AIMessage, *, metadata: bool = True) -> dict[str, Any]:
         "content": message.content,
         "tool_calls": message.tool_calls,
         "invalid_tool_calls": message.invalid_tool_calls,
+        "tool_call_chunks": getattr(message, "tool_call_chunks", None),
         "usage": message.usage_metadata,
         "finish": message.response_metadata.get("finish_reason")
         or message.response_metadata.get("stop_reason"),
