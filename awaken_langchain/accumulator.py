@@ -511,6 +511,9 @@ class TurnAccumulator:
         self._notes = []
         self._open = {}
         self._index_map = {}
+        # a call cut off and discarded was never shown: its index is free again
+        calls = [c.index for c in self.completed] + [c.index for c in self.invalid]
+        self._next_index = max(calls, default=-1) + 1
         self.terminal = False
         self.chunks_in_attempt = 0
         self.emitted_in_attempt = 0

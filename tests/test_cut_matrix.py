@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import pytest
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.tool import ToolCallChunk
 from langchain_core.runnables import Runnable
 from pydantic import BaseModel
 
@@ -365,10 +366,15 @@ def asking(answer: Scenario, model: BaseChatModel) -> Runnable[Any, Any]:
     return model.bind_tools([tool_for(c) for c in calls]) if calls else model
 
 
-def merged(chunks: list[AIMessageChunk]) -> AIMessage:
+def summed(chunks: list[AIMessageChunk]) -> AIMessageChunk:
     total = chunks[0]
     for chunk in chunks[1:]:
         total = total + chunk
+    return total
+
+
+def merged(chunks: list[AIMessageChunk]) -> AIMessage:
+    total = summed(chunks)
     return AIMessage(**total.model_dump(exclude={"type", "tool_call_chunks", "chunk_position"}))
 
 
@@ -378,10 +384,13 @@ def uncut(name: str, provider: Provider, server: LoopbackProvider) -> AIMessage:
     if key not in _UNCUT:
         server.reset()
         server.default = STREAMS[name]
-        _UNCUT[key] = merged(
-            list(asking(STREAMS[name], inner_model(provider, server)).stream(PROMPT))
-        )
+        chunks = list(asking(STREAMS[name], inner_model(provider, server)).stream(PROMPT))
+        _UNCUT[key] = merged(chunks)
+        _UNCUT_CALL_CHUNKS[key] = summed(chunks).tool_call_chunks
     return _UNCUT[key]
+
+
+_UNCUT_CALL_CHUNKS: dict[tuple[str, Provider], list[ToolCallChunk]] = {}
 
 
 _INVOKED: dict[tuple[str, Provider], AIMessage] = {}
@@ -525,6 +534,8 @@ def check(
         assert blocks_of(message.content) == expected
     if chunks:
         assert "".join(text_of(c) for c in chunks) == text_of(message)
+        if plans in ([], ["R4"]):  # the stream's own tool call indexes, as the bare client's
+            assert summed(chunks).tool_call_chunks == _UNCUT_CALL_CHUNKS[(name, provider)]
         assert len({c.id for c in chunks}) == 1
         whole = blocks_of(reference.content)
         for chunk in chunks:  # a block other than text reaches the caller whole or not at all

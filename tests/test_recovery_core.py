@@ -113,7 +113,7 @@ def test_accumulator_releases_a_tool_call_when_the_next_one_starts() -> None:
     assert acc.in_flight.args() == '{"y": 2'
 
 
-def test_accumulator_shifts_continuation_indices_past_used_ones() -> None:
+def test_a_later_attempts_call_moves_past_kept_calls_and_takes_a_discarded_calls_index() -> None:
     acc = TurnAccumulator("id")
     for index, args in ((0, "{}"), (1, '{"cut')):
         piece = tool_call_chunk(name="f", args=args, id=f"c{index}", index=index)
@@ -124,8 +124,9 @@ def test_accumulator_shifts_continuation_indices_past_used_ones() -> None:
     out = acc.feed(
         gen(AIMessageChunk(content="", tool_call_chunks=[piece], response_metadata=done))
     )
-    assert [c.tool_call_chunks[0]["index"] for c in out] == [2]
-    assert [c.index for c in acc.completed] == [0, 2]
+    # call 1 was cut off and never shown: its index is free, index 0 is not
+    assert [c.tool_call_chunks[0]["index"] for c in out] == [1]
+    assert [c.index for c in acc.completed] == [0, 1]
 
 
 def test_checkpoint_snapshot_holds_the_whole_turn_text_across_attempts() -> None:
