@@ -389,6 +389,57 @@ async def test_a_stalled_read_is_cut_soon_after_the_idle_timeout(drive: Drive) -
     assert 0.4 <= took < 1.5  # cut once the wait lasted the timeout, long before the stall ends
 
 
+async def test_a_read_begun_after_the_caller_was_busy_longer_than_the_timeout_is_cut_on_time() -> (
+    None
+):
+    model, inner = wrap(
+        [*text("Slow start "), Stall(3.0), *text("never seen")],
+        [*text("then fine."), finish()],
+        stream_idle_timeout=0.3,
+    )
+    chunks: list[AIMessageChunk] = []
+    began = 0.0
+    async for chunk in model.astream("x"):
+        chunks.append(chunk)
+        if len(chunks) == 1:
+            await asyncio.sleep(0.5)  # the watch looks while no read waits
+            began = time.monotonic()
+    took = time.monotonic() - began
+    assert "".join(str(c.content) for c in chunks) == "Slow start then fine."
+    assert len(inner.calls) == 2
+    assert 0.3 <= took < 1.5
+
+
+class _OwnClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock is not `time.monotonic` (as a test loop's virtual one)."""
+
+    def time(self) -> float:
+        return super().time() + 10_000.0
+
+
+@pytest.mark.parametrize("stall", [False, True])
+def test_an_event_loop_with_a_clock_of_its_own_times_reads_by_that_clock(stall: bool) -> None:
+    pause = [Stall(3.0)] if stall else []
+    # reads wait for most of 0.6 s: twice the timeout, never once for as long
+    waits = [step for chunk in text("a b c d e f g h i j k l ") for step in (Stall(0.05), chunk)]
+    model, inner = wrap(
+        [*waits, *pause, *text("rest"), finish()],
+        [*text("rest"), finish()],
+        stream_idle_timeout=0.3,
+    )
+
+    async def read() -> tuple[str, float]:
+        started = time.monotonic()
+        message = await model.ainvoke("x")
+        return str(message.content), time.monotonic() - started
+
+    with asyncio.Runner(loop_factory=_OwnClockLoop) as runner:
+        content, took = runner.run(read())
+    assert content == "a b c d e f g h i j k l rest"
+    assert len(inner.calls) == (2 if stall else 1)
+    assert took < 2.0
+
+
 async def test_a_stall_is_cut_when_every_chunk_is_read_in_a_task_of_its_own() -> None:
     """LangChain's parallel steps read each chunk of a stream in a new task."""
     model, inner = wrap(
