@@ -389,9 +389,7 @@ async def test_a_stalled_read_is_cut_soon_after_the_idle_timeout(drive: Drive) -
     assert 0.4 <= took < 1.5  # cut once the wait lasted the timeout, long before the stall ends
 
 
-async def test_a_read_begun_after_the_caller_was_busy_longer_than_the_timeout_is_cut_on_time() -> (
-    None
-):
+async def test_a_read_begun_after_the_caller_held_the_stream_is_cut_on_time() -> None:
     model, inner = wrap(
         [*text("Slow start "), Stall(3.0), *text("never seen")],
         [*text("then fine."), finish()],
