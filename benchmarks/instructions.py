@@ -18,8 +18,10 @@ collections of each generation: short-lived objects do not count towards
 them). How much one run pays depends on where in the heap's growth its
 collections fall, which moves with the hash seed and with unrelated changes to
 the code by 1 000 to 3 000 instructions per chunk. Without the collector a
-count moves by a few hundred across seeds: that column is the one to compare
-two versions of the code with; the first is what a process really runs.
+count usually moves by a few hundred across seeds, but for some versions of
+the code by up to about 1 400: that column, as the mean over the seeds, is the
+one to compare two versions of the code with; the first is what a process
+really runs.
 
 Cases: the bare inner model (``TokenStreamModel``, as in ``benchmarks.overhead``)
 and the wrapper without a store, with and without the stream idle timeout,
