@@ -12,6 +12,10 @@ to lists and joined only when a checkpoint is written or a call completes.
 from __future__ import annotations
 
 import json
+import math
+import os
+import random
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -1132,26 +1136,76 @@ class TurnAccumulator:
         return _ends_turn(self.response_metadata)
 
 
+def _pick_phase() -> None:
+    _SHARED_PHASE[0] = random.random()
+
+
+_SHARED_PHASE = [0.0]
+"""Where this process's shared write moments fall within a ``every_seconds`` period,
+as a fraction of it: drawn at random once per process (again in a forked child), so
+that processes sharing one store do not all commit at the same moments."""
+_pick_phase()
+os.register_at_fork(after_in_child=_pick_phase)
+
+
+def shared_phase(clock: Callable[[], float]) -> float | None:
+    """The phase of this process's shared write moments for turns timed by ``clock``.
+
+    Turns timed by `time.monotonic` (the default clock) share write moments;
+    a turn given a clock of its own keeps its own time rule (``None``).
+    """
+    return _SHARED_PHASE[0] if clock is time.monotonic else None
+
+
 class CheckpointCadence:
     """When an in-flight turn is due to be written to the store.
 
-    A write is due after ``every_chunks`` chunks, or once ``every_seconds`` have
-    passed since the last write while output is unsaved, whichever comes first.
+    A write is due after ``every_chunks`` chunks, or, while output is unsaved,
+    once ``every_seconds`` have passed since the last write, whichever comes first.
+
+    With a ``phase``, the time rule counts in shared moments instead: a write is
+    due at the first chunk after the next moment ``(k + phase) * every_seconds``
+    of the clock that follows the last write. That moment is never more than
+    ``every_seconds`` after the last write, so no output waits longer than with
+    the plain rule; a turn may be written a little more often (one write more
+    per ``every_seconds`` at most, when the chunk rule fired just before a
+    moment). Turns that share a clock and a phase then fall due together: a
+    store's writer commits the turns of a process, each at its own pace, in one
+    batch per moment instead of one small batch per turn, and a commit's fixed
+    cost (a SQLite transaction, a round trip) is paid once for all of them.
+    The engine passes `shared_phase` of its clock.
 
     Args:
         every_chunks: Most chunks of output left unsaved.
         every_seconds: Most seconds of output left unsaved.
         clock: Monotonic time source in seconds.
+        phase: Where the shared moments fall, as a fraction of ``every_seconds``
+            in ``[0, 1)``; ``None``: the time rule counts from each turn's last write.
     """
 
     def __init__(
-        self, *, every_chunks: int, every_seconds: float, clock: Callable[[], float]
+        self,
+        *,
+        every_chunks: int,
+        every_seconds: float,
+        clock: Callable[[], float],
+        phase: float | None = None,
     ) -> None:
+        if phase is not None and not 0.0 <= phase < 1.0:
+            raise ValueError(f"phase must be in [0, 1), got {phase!r}")
         self.every_chunks = every_chunks
         self.every_seconds = every_seconds
+        self.phase = phase
         self._clock = clock
         self._unsaved = 0
-        self._last_write = clock()
+        self._due = self._next_due(clock())
+
+    def _next_due(self, now: float) -> float:
+        """When the time rule makes a write due, for a write made at ``now``."""
+        every, phase = self.every_seconds, self.phase
+        if phase is None:
+            return now + every
+        return (math.floor(now / every - phase) + 1 + phase) * every
 
     @property
     def dirty(self) -> bool:
@@ -1161,15 +1215,12 @@ class CheckpointCadence:
     def observe(self) -> bool:
         """Count one chunk of output; return whether a write is due now."""
         self._unsaved += 1
-        return (
-            self._unsaved >= self.every_chunks
-            or self._clock() - self._last_write >= self.every_seconds
-        )
+        return self._unsaved >= self.every_chunks or self._clock() >= self._due
 
     def written(self) -> None:
         """Record that the turn so far is being written."""
         self._unsaved = 0
-        self._last_write = self._clock()
+        self._due = self._next_due(self._clock())
 
     def write_ended(self) -> None:
         """Record that the write ended: the time rule counts from now.
@@ -1179,4 +1230,4 @@ class CheckpointCadence:
         many turns sharing one) would be written on every chunk, and slowed
         down further by it.
         """
-        self._last_write = self._clock()
+        self._due = self._next_due(self._clock())

@@ -33,7 +33,7 @@ from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, GenerationChunk, LLMResult
 
-from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator
+from awaken_langchain.accumulator import CheckpointCadence, TurnAccumulator, shared_phase
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.errors import (
     StreamCheckpointError,
@@ -93,7 +93,10 @@ class _Capture:
             model=model_identifier(llm_type, metadata.get("ls_model_name")),
             acc=TurnAccumulator(f"lc_run--{run_id}"),
             cadence=CheckpointCadence(
-                every_chunks=self.every_chunks, every_seconds=self.every_seconds, clock=self.clock
+                every_chunks=self.every_chunks,
+                every_seconds=self.every_seconds,
+                clock=self.clock,
+                phase=shared_phase(self.clock),
             ),
         )
         with self._lock:
@@ -189,7 +192,8 @@ class StreamCheckpointHandler(BaseCallbackHandler):
     Args:
         store: Where the in-flight turns are written, keyed by the run id.
         checkpoint_every_chunks: Write after at most this many chunks of output.
-        checkpoint_every_seconds: Write when this many seconds of output are unsaved.
+        checkpoint_every_seconds: Write when this many seconds of output are unsaved
+            (with the default clock, at moments the process's runs share).
         clock: Monotonic time source for the cadence (injectable for tests).
 
     Example:
@@ -301,7 +305,8 @@ class AsyncStreamCheckpointHandler(AsyncCallbackHandler):
     Args:
         store: Where the in-flight turns are written, keyed by the run id.
         checkpoint_every_chunks: Write after at most this many chunks of output.
-        checkpoint_every_seconds: Write when this many seconds of output are unsaved.
+        checkpoint_every_seconds: Write when this many seconds of output are unsaved
+            (with the default clock, at moments the process's runs share).
         clock: Monotonic time source for the cadence (injectable for tests).
     """
 

@@ -26,6 +26,7 @@ from awaken_langchain.accumulator import (
     DeferredCheckpoint,
     TurnAccumulator,
     dumps_args,
+    shared_phase,
 )
 from awaken_langchain.checkpoint import ModelSpan, StreamCheckpoint
 from awaken_langchain.classify import _raised_inside_provider_sdk
@@ -182,6 +183,7 @@ class TurnEngine:
             every_chunks=settings.every_chunks,
             every_seconds=settings.every_seconds,
             clock=self.policy.clock,
+            phase=shared_phase(self.policy.clock),
         )
         self.fallbacks = request.fallbacks
         self.in_effect = 0

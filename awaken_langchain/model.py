@@ -292,7 +292,10 @@ class RecoveringChatModel(BaseChatModel):
     checkpoint_every_chunks: int = Field(default=8, ge=1)
     """Write a checkpoint after at most this many chunks of output."""
     checkpoint_every_seconds: float = Field(default=0.25, gt=0)
-    """Write a checkpoint when this many seconds of output are unsaved."""
+    """Write a checkpoint when this many seconds of output are unsaved. With the
+    default clock the write comes at the next of the moments, this far apart,
+    that the process's turns share (`CheckpointCadence`), so that one commit
+    carries every turn due then."""
     checkpoint_deadline: float = Field(default=0.5, gt=0)
     """Seconds a turn waits for its store when it must (opening the run, its last
     write). Other writes never make the stream wait for the store: its writer

@@ -87,7 +87,9 @@ def paced(answer: str, seconds: float) -> ScriptedChatModel:
     return ScriptedChatModel(default=[*steps, finish()])
 
 
-def wrap(inner: ScriptedChatModel, store: StreamCheckpointStore) -> RecoveringChatModel:
+def wrap(
+    inner: ScriptedChatModel, store: StreamCheckpointStore, **settings: Any
+) -> RecoveringChatModel:
     """The wrapper under test: one key per turn, complete turns kept in the store."""
     return RecoveringChatModel(
         model=inner,
@@ -95,6 +97,7 @@ def wrap(inner: ScriptedChatModel, store: StreamCheckpointStore) -> RecoveringCh
         checkpoint_deadline=DEADLINE,
         keep_until_committed=True,
         checkpoint_key=lambda config: str(config["configurable"]["turn"]),
+        **settings,
     )
 
 
@@ -758,7 +761,8 @@ async def test_what_a_stream_hands_over_just_before_it_pauses_is_durable_during_
     hands over sooner is still written within about that time when no more chunks come."""
     store = warm(DiskCacheStreamCheckpointStore(tmp_path / "cache"))
     # Commits at most every 0.2 s: the checkpoint handed over at chunk 40 comes sooner
-    # after the last commit, so it is left pending when the pause begins.
+    # after the last commit, so it is left pending when the pause begins. Only the chunk
+    # rule writes (every 8 chunks, so at chunk 40): a time-rule write would move it.
     store.__dict__[writer_module._ATTRIBUTE] = CheckpointWriter(store, gather=0.2)
     before = words(40)
     after = words(48)[len(before) :]
@@ -781,7 +785,8 @@ async def test_what_a_stream_hands_over_just_before_it_pauses_is_durable_during_
 
     turn = Turn(key="paused")
     try:
-        await stream_turn(drive, wrap(inner, store), each=at_the_pause, turn=turn)
+        model = wrap(inner, store, checkpoint_every_seconds=3600.0)
+        await stream_turn(drive, model, each=at_the_pause, turn=turn)
     finally:
         timer.join()
     assert turn.text == before + after
