@@ -34,8 +34,11 @@ def test_overhead_benchmark_compares_every_case_with_the_bare_model(
     assert {r.case for r in rows} == {case.name for case in overhead.CASES}
     assert all(r.cpu_s > 0 and r.wall_s > 0 for r in rows)
     assert [r.cpu_ratio for r in rows if r.case == "bare inner model"] == [1.0] * 4
+    bare = [r for r in rows if r.case == "bare inner model"]
+    assert [(r.ratio_without_gc, r.ratios_without_gc) for r in bare] == [(1.0, (1.0, 1.0))] * 4
+    assert all(r.cpu_s_without_gc > 0 and r.ratio_without_gc > 0 for r in rows)
     out = capsys.readouterr().out
-    assert "CPU ratio" in out
+    assert "CPU ratio without GC" in out
     assert "Per-turn overhead: 3 turns of 4 chunks" in out
 
 
