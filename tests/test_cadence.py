@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import Field
 
 from awaken_langchain import (
     InMemoryStreamCheckpointStore,
@@ -161,10 +162,12 @@ def test_only_the_default_clock_shares_moments() -> None:
 
 
 class Paced(BaseChatModel):
-    """Streams ``chunks`` chunks, one every ``gap`` seconds of real time."""
+    """Streams ``chunks`` numbered chunks, one every ``gap`` seconds of real time."""
 
     chunks: int = 20
     gap: float = 0.01
+    sent: dict[str, list[float]] = Field(default_factory=dict)
+    """Per question, when each chunk was yielded (`time.monotonic`)."""
 
     @property
     def _llm_type(self) -> str:
@@ -176,41 +179,42 @@ class Paced(BaseChatModel):
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
+        sent = self.sent.setdefault(str(messages[-1].content), [])
         for n in range(self.chunks):
             await asyncio.sleep(self.gap)
-            yield ChatGenerationChunk(message=AIMessageChunk(content=f"w{n} "))
+            sent.append(time.monotonic())
+            yield ChatGenerationChunk(message=AIMessageChunk(content=f"{n} "))
         yield ChatGenerationChunk(
             message=AIMessageChunk(content="", response_metadata={"finish_reason": "stop"})
         )
 
 
 class RecordingStore(InMemoryStreamCheckpointStore):
-    """Notes when each in-flight checkpoint reached the store (monotonic time)."""
+    """Keeps every in-flight checkpoint it is given."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.written: list[float] = []
+        self.written: list[StreamCheckpoint] = []
 
     def put_many(
         self, checkpoints: Sequence[StreamCheckpoint]
     ) -> list[StreamCheckpointError | None]:
-        now = time.monotonic()
-        self.written += [now for c in checkpoints if not c.complete]
+        self.written += [c for c in checkpoints if not c.complete]
         return super().put_many(checkpoints)
 
     def put(self, checkpoint: StreamCheckpoint) -> None:
         if not checkpoint.complete:
-            self.written.append(time.monotonic())
+            self.written.append(checkpoint)
         super().put(checkpoint)
 
 
-async def test_turns_of_one_process_write_their_checkpoints_at_the_same_moments() -> None:
-    """Turns started at different times: every time-rule write lands just after a shared moment.
+async def test_turns_of_one_process_fall_due_at_the_same_moments() -> None:
+    """Turns started at different times: each time-rule write is due at a chunk just past a moment.
 
-    Each turn streams a chunk every 10 ms and writes every 0.2 s (the chunk rule
-    is off). Written on their own clocks, 16 writes would spread over the
-    period; at shared moments each lands within a chunk of one (allowed: half
-    the period, for a loaded machine).
+    Four turns stream a chunk every 10 ms and write every 0.2 s (the chunk rule
+    is off). For every checkpoint, a shared moment lies between the chunk before
+    its last one and its last one (5 ms of slack for the clock read after the
+    chunk): with each turn's own time rule that holds for about one write in 13.
     """
     every = 0.2
     store = RecordingStore()
@@ -218,16 +222,28 @@ async def test_turns_of_one_process_write_their_checkpoints_at_the_same_moments(
     model = RecoveringChatModel(
         model=inner, store=store, checkpoint_every_chunks=1000, checkpoint_every_seconds=every
     )
+    questions: dict[str, str] = {}
 
-    async def turn(delay: float) -> str:
+    async def turn(n: int, delay: float) -> str:
         await asyncio.sleep(delay)
-        parts = [str(c.content) async for c in model.astream("q", config={"run_id": uuid.uuid4()})]
+        run_id = uuid.uuid4()
+        questions[str(run_id)] = f"turn {n}"
+        parts = [
+            str(c.content) async for c in model.astream(f"turn {n}", config={"run_id": run_id})
+        ]
         return "".join(parts)
 
-    answers = await asyncio.gather(*(turn(d) for d in (0.0, 0.047, 0.093, 0.151)))
-    assert answers == ["".join(f"w{n} " for n in range(60))] * 4
+    delays = (0.0, 0.047, 0.093, 0.151)
+    answers = await asyncio.gather(*(turn(n, d) for n, d in enumerate(delays)))
+    assert answers == ["".join(f"{n} " for n in range(60))] * 4
     phase = shared_phase(time.monotonic)
     assert phase is not None
-    assert len(store.written) >= 8
-    since_moment = [((t / every - phase) % 1.0) * every for t in store.written]
-    assert max(since_moment) < every / 2, since_moment
+    checked = 0
+    for checkpoint in store.written:
+        sent = inner.sent[questions[checkpoint.run_id]]
+        last = int(checkpoint.partial_text.split()[-1])
+        if last == 0:
+            continue
+        assert moment(sent[last] + 0.005, every, phase) > moment(sent[last - 1], every, phase)
+        checked += 1
+    assert checked >= 8

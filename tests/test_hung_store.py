@@ -290,20 +290,21 @@ async def test_checkpointing_resumes_within_the_turn_once_redis_answers_again(
 # -- DiskCache locked by another process --------------------------------------------------
 
 LOCKER = """
-import sqlite3, sys, time
+import os, select, sqlite3, sys
 db = sqlite3.connect(sys.argv[1], timeout=10, isolation_level=None)
 print("ready", flush=True)
-sys.stdin.readline()
+os.read(0, 1)
 db.execute("BEGIN EXCLUSIVE")
 print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
+select.select([0], [], [], float(sys.argv[2]))  # until told, or for the given time
 db.execute("ROLLBACK")
 db.close()
 """
 
 
 class Locker:
-    """Another process that, when told, holds an SQLite database locked for ``seconds``."""
+    """Another process that, when told, holds an SQLite database locked for ``seconds``
+    (or until told to let it go)."""
 
     def __init__(self, database: Path, seconds: float) -> None:
         self.process = subprocess.Popen(
@@ -319,8 +320,15 @@ class Locker:
 
     def lock(self) -> None:
         """Take the lock now (returns before the child has it)."""
+        self._tell()
+
+    def let_go(self) -> None:
+        """Release the lock now, if the child still holds it."""
+        self._tell()
+
+    def _tell(self) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(b"go\n")
+        self.process.stdin.write(b"!")
         self.process.stdin.flush()
 
     def released(self) -> None:
@@ -357,6 +365,7 @@ async def test_a_diskcache_locked_by_another_process_costs_a_turn_one_warning_no
     healthy = await stream_turn(drive, model)
 
     sick = await stream_turn(drive, model, at=(SICK_AT, locker.lock))
+    locker.let_go()  # held until the turn returned, however slow the machine
     locker.released()
 
     assert_not_slowed(sick, healthy)
