@@ -14,7 +14,14 @@ streams the measured CPU per chunk would carry on a whole core
 (``1 / (rate * CPU per chunk)``, from the largest trial that kept up). The second
 depends only on CPU time, so it moves less when other programs share the core.
 
-Run: ``python -m benchmarks.capacity [--rate 30] [--chars 600] [--late-ms 100]``
+The searches settle on different ``n`` for the two cases and from run to run,
+and CPU per chunk moves with ``n`` (a batch of checkpoints is larger when more
+streams share a commit): a third figure compares the two cases at one count,
+the wrapped search's result, in ``--same-rounds`` more trials of each
+(interleaved), as the ratio of their median CPU per chunk.
+
+Run: ``python -m benchmarks.capacity [--rate 30] [--chars 600] [--late-ms 100]
+[--same-rounds 3]``
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -139,6 +147,17 @@ class _Search:
             self.bad = n
 
 
+def _same_count(streams: int, rounds: int, chars: int, rate: float) -> tuple[float, float]:
+    """Median CPU per chunk (us) of the bare and the wrapped case at ``streams`` streams."""
+    per_chunk: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for _ in range(rounds):
+        for kind in KINDS:
+            result = _run_trial(kind, streams, chars, rate)
+            per_chunk[kind].append(result["cpu"] / result["chunks"] * 1e6)
+    bare, wrapped = (statistics.median(per_chunk[kind]) for kind in KINDS)
+    return bare, wrapped
+
+
 @dataclass
 class Row:
     """The capacity of one case."""
@@ -150,6 +169,8 @@ class Row:
     cpu_us_per_chunk: float
     cpu_streams: float
     trials: int
+    same_count_us: float | None = None
+    """Median CPU per chunk over the trials at the count both cases are compared at."""
 
 
 def main(
@@ -159,12 +180,12 @@ def main(
     start: int = 64,
     limit: int = 8_192,
     precision: float = 0.05,
+    same_rounds: int = 3,
 ) -> list[Row]:
     """Find each case's capacity, print a table with the ratio, and return the rows."""
     searches = [_Search(kind, start, limit) for kind in KINDS]
     while True:
-        steps = [(s, s.next(precision)) for s in searches]
-        steps = [(s, n) for s, n in steps if n is not None]
+        steps = [(s, n) for s in searches if (n := s.next(precision)) is not None]
         if not steps:
             break
         for search, n in steps:
@@ -186,6 +207,9 @@ def main(
             )
         )
     bare, wrapped = rows
+    same = max(1, wrapped.streams)
+    if same_rounds > 0:
+        bare.same_count_us, wrapped.same_count_us = _same_count(same, same_rounds, chars, rate)
     print(
         f"## Capacity of one core: streams at {rate:g} chunks/s of {chars // 4} chunks each, "
         f"late p99 <= {late_ms:g} ms; {machine_line()}"
@@ -217,6 +241,12 @@ def main(
         f"wrapped / bare: {wrapped.streams / max(1, bare.streams):.0%} of the streams on "
         f"schedule, {wrapped.cpu_streams / bare.cpu_streams:.0%} by CPU per chunk"
     )
+    if bare.same_count_us is not None and wrapped.same_count_us is not None:
+        print(
+            f"at {same} streams each, median of {same_rounds} trials: CPU per chunk "
+            f"{bare.same_count_us:.1f} us bare, {wrapped.same_count_us:.1f} us wrapped: "
+            f"{bare.same_count_us / wrapped.same_count_us:.0%} by CPU per chunk"
+        )
     print()
     return rows
 
@@ -228,5 +258,15 @@ if __name__ == "__main__":
     parser.add_argument("--late-ms", type=float, default=100.0, help="allowed p99 lateness")
     parser.add_argument("--start", type=int, default=64, help="streams of the first trial")
     parser.add_argument("--limit", type=int, default=8_192, help="most streams tried")
+    parser.add_argument(
+        "--same-rounds", type=int, default=3, help="trials of each case at one count (0: none)"
+    )
     args = parser.parse_args()
-    main(args.rate, args.chars, args.late_ms, args.start, args.limit)
+    main(
+        args.rate,
+        args.chars,
+        args.late_ms,
+        args.start,
+        args.limit,
+        same_rounds=args.same_rounds,
+    )

@@ -202,13 +202,17 @@ def test_lock_wait_benchmark_compares_polling_with_sqlites_sleeps_and_keeps_ever
 def test_capacity_benchmark_compares_the_wrapper_with_the_bare_model(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    rows = capacity.main(chars=24, start=2, limit=4)
+    rows = capacity.main(chars=24, start=2, limit=4, same_rounds=1)
 
     assert [r.kind for r in rows] == ["bare", "diskcache"]
     for row in rows:
         assert row.trials >= 1
         assert row.cpu_us_per_chunk > 0
-    assert "wrapped / bare" in capsys.readouterr().out
+        assert row.same_count_us is not None
+        assert row.same_count_us > 0
+    out = capsys.readouterr().out
+    assert "wrapped / bare" in out
+    assert "median of 1 trials" in out
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
