@@ -1225,6 +1225,8 @@ class CheckpointCadence:
     def write_ended(self) -> None:
         """Record that the write ended: the time rule counts from now.
 
+        With a phase, the next write falls due at the first moment after now.
+
         Counting from when the write began would make every chunk after a
         write longer than ``every_seconds`` due at once, so a slow store (or
         many turns sharing one) would be written on every chunk, and slowed
