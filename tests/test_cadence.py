@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 import uuid
@@ -92,7 +93,7 @@ def test_with_a_phase_the_time_rule_writes_at_most_once_between_two_moments(
 ) -> None:
     clock = FakeClock(start)
     cadence = CheckpointCadence(every_chunks=10**9, every_seconds=every, clock=clock, phase=phase)
-    arrivals = list(arrivals_after(start, gaps))
+    arrivals = list(itertools.accumulate(gaps, initial=start))[1:]
     previous = start
     for at in due_times(cadence, clock, arrivals):
         # a moment lies in (previous write, this write]
@@ -100,14 +101,6 @@ def test_with_a_phase_the_time_rule_writes_at_most_once_between_two_moments(
             (at / every - phase) % 1.0, 0.0, abs_tol=1e-6
         )
         previous = at
-
-
-def arrivals_after(start: float, gaps: Sequence[float]) -> list[float]:
-    out, at = [], start
-    for gap in gaps:
-        at += gap
-        out.append(at)
-    return out
 
 
 @settings(max_examples=100, deadline=None)

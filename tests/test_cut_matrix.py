@@ -318,6 +318,8 @@ def server() -> Iterator[LoopbackProvider]:
 
 
 _UNCUT: dict[tuple[str, Provider], AIMessage] = {}
+_UNCUT_CALL_CHUNKS: dict[tuple[str, Provider], list[ToolCallChunk]] = {}
+"""The uncut stream's tool call chunks, summed as a caller of the bare client sees them."""
 
 
 def inner_model(provider: Provider, server: LoopbackProvider) -> BaseChatModel:
@@ -388,9 +390,6 @@ def uncut(name: str, provider: Provider, server: LoopbackProvider) -> AIMessage:
         _UNCUT[key] = merged(chunks)
         _UNCUT_CALL_CHUNKS[key] = summed(chunks).tool_call_chunks
     return _UNCUT[key]
-
-
-_UNCUT_CALL_CHUNKS: dict[tuple[str, Provider], list[ToolCallChunk]] = {}
 
 
 _INVOKED: dict[tuple[str, Provider], AIMessage] = {}
