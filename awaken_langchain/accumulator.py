@@ -35,7 +35,7 @@ from awaken_langchain.checkpoint import (
     NotExecutedToolCall,
     StreamCheckpoint,
     TextBlockStart,
-    unchecked_checkpoint,
+    checkpoint_with_text,
 )
 from awaken_langchain.events import NotExecutedCall
 from awaken_langchain.recovery import INVALID_ARGS_MARKER, SeamFilter
@@ -280,7 +280,7 @@ class DeferredCheckpoint:
         """The checkpoint as it was when captured (any thread may call this)."""
         count = self._count
         text = self._text + "".join(self._parts[:count]) if count else self._text
-        return unchecked_checkpoint(partial_text=text, **self._fields)
+        return checkpoint_with_text(self._fields, text)
 
 
 def built(checkpoint: StreamCheckpoint | DeferredCheckpoint) -> StreamCheckpoint:

@@ -14,7 +14,7 @@ import json
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import (
@@ -233,11 +233,23 @@ def unchecked_checkpoint(**fields: Any) -> StreamCheckpoint:
     its cost: a turn builds one for every checkpoint it writes. The fields must
     be of the declared types; ``run_id`` is required.
     """
-    values = _TEMPLATE.copy()
-    values.update(fields)
+    return checkpoint_with_text(fields, None)
+
+
+def checkpoint_with_text(fields: Mapping[str, Any], partial_text: str | None) -> StreamCheckpoint:
+    """`unchecked_checkpoint` of ``fields`` and, unless ``None``, ``partial_text``.
+
+    Takes the fields as they are held (no keyword arguments to pack): a
+    checkpoint writer builds one from a turn's captured fields per write.
+    """
+    values = {**_TEMPLATE, **fields}
+    given = set(fields)
+    if partial_text is not None:
+        values["partial_text"] = partial_text
+        given.add("partial_text")
     checkpoint = object.__new__(StreamCheckpoint)
     _set_attribute(checkpoint, "__dict__", values)
-    _set_attribute(checkpoint, "__pydantic_fields_set__", set(fields))
+    _set_attribute(checkpoint, "__pydantic_fields_set__", given)
     _set_attribute(checkpoint, "__pydantic_extra__", None)
     _set_attribute(checkpoint, "__pydantic_private__", None)
     return checkpoint

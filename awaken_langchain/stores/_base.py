@@ -344,8 +344,32 @@ def _encode_extra(extra: Mapping[str, Any]) -> bytes:
         return b"{}"
     sizes = extra.get("segments") if len(extra) == 1 else None
     if type(sizes) is list and all(type(n) is int for n in sizes):
-        return b'{"segments":[%s]}' % ",".join(map(str, sizes)).encode()
+        return segments_extra(sizes)
     return encode_json(dict(extra))
+
+
+def segments_extra(sizes: Sequence[int]) -> bytes:
+    """The encoded ``extra`` of a head whose text is stored as segments of ``sizes`` bytes."""
+    return b'{"segments":[%s]}' % ",".join(map(str, sizes)).encode()
+
+
+def encode_unsigned_head(fields: bytes, text_bytes: int, write_id: str, extra: bytes) -> bytes:
+    """An unsigned head's JSON bytes, from its fields and its ``extra`` encoded already.
+
+    The bytes `Head.encode` writes for a head of `EncodedFields` without a
+    signature; a store that knows a put's layout builds them without a `Head`.
+    """
+    return b"".join(
+        (
+            _HEAD_PREFIX,
+            fields,
+            b',"text_bytes":%d,"write_id":' % text_bytes,
+            encode_json_string(write_id).encode(TEXT_ENCODING, TEXT_ERRORS),
+            b',"extra":',
+            extra,
+            b"}",
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -385,16 +409,8 @@ class Head:
         fields = self.fields
         if isinstance(fields, EncodedFields) and self.signature is None:
             # the same bytes as below, without decoding and re-encoding the fields
-            return b"".join(
-                (
-                    _HEAD_PREFIX,
-                    fields.data,
-                    b',"text_bytes":%d,"write_id":' % self.text_bytes,
-                    encode_json_string(self.write_id).encode(TEXT_ENCODING, TEXT_ERRORS),
-                    b',"extra":',
-                    _encode_extra(self.extra),
-                    b"}",
-                )
+            return encode_unsigned_head(
+                fields.data, self.text_bytes, self.write_id, _encode_extra(self.extra)
             )
         obj = {
             "format": HEAD_FORMAT,
@@ -803,6 +819,27 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         """The layout details (``extra``) a head will carry after a rewrite of ``text_bytes``."""
         return {}
 
+    def _layout_head(
+        self, plan: PutPlan, text_bytes: int, sizes: list[int], text_hash: Any
+    ) -> bytes:
+        """The encoded head of a put whose layout the backend planned itself.
+
+        ``sizes`` become the head's ``extra`` segment list; ``text_hash`` is the
+        SHA-256 state over the whole new text (signing stores only; also kept in
+        ``plan.text_hash`` for the next delta). An unsigned head is spliced from
+        the fields' encoded bytes; a signed one is built, signed and encoded.
+        """
+        fields = plan.fields
+        if self._signing_key is None and isinstance(fields, EncodedFields):
+            return encode_unsigned_head(
+                fields.data, text_bytes, plan.write_id, segments_extra(sizes)
+            )
+        plan.text_hash = text_hash
+        head = Head(plan.run_id, fields, text_bytes, plan.write_id, {"segments": sizes})
+        if self._signing_key is not None:
+            head = self._sign(head, text_hash)
+        return head.encode()
+
     def _put_plan(self, plan: PutPlan) -> Head:
         """Write a prepared put through the primitives: append if it can, else rewrite."""
         stored = None
@@ -1016,21 +1053,30 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         )
 
     def _check_size(self, head: Head) -> None:
-        size = len(head.encode()) + head.text_bytes
+        self._check_encoded_size(head.run_id, len(head.encode()) + head.text_bytes)
+
+    def _check_encoded_size(self, run_id: str, size: int) -> None:
+        """Refuse a record of ``size`` bytes (head and text) over ``max_checkpoint_bytes``."""
         if size > self.max_checkpoint_bytes:
             raise StreamCheckpointError(
                 f"checkpoint is {size} bytes encoded, more than the store's "
                 f"max_checkpoint_bytes={self.max_checkpoint_bytes}; nothing was written. "
                 "Raise max_checkpoint_bytes when creating the store to keep turns this long",
-                run_id=head.run_id,
+                run_id=run_id,
             )
 
     def _remember(self, run_id: str, memo: LastWrite) -> None:
+        self._remember_all(((run_id, memo),))
+
+    def _remember_all(self, memos: Iterable[tuple[str, LastWrite]]) -> None:
+        """Remember what was written last for each ``(run id, write)``, in one step."""
+        memo = self._memo
         with self._memo_lock:
-            self._memo[run_id] = memo
-            self._memo.move_to_end(run_id)
-            while len(self._memo) > MEMO_LIMIT:
-                self._memo.popitem(last=False)
+            for run_id, written in memos:
+                memo[run_id] = written
+                memo.move_to_end(run_id)
+            while len(memo) > MEMO_LIMIT:
+                memo.popitem(last=False)
 
     @contextlib.contextmanager
     def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
@@ -1058,6 +1104,7 @@ __all__ = [
     "decode_head",
     "decode_text",
     "encode_text",
+    "encode_unsigned_head",
     "linked_path_error",
     "make_private_database",
     "make_private_directory",
@@ -1067,6 +1114,7 @@ __all__ = [
     "plan_append",
     "resolve_signing_key",
     "run_id_bytes",
+    "segments_extra",
     "signed_content",
     "unreadable_id",
     "unreadable_locator",

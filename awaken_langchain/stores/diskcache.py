@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -157,7 +157,6 @@ def _lock_taken(cause: BaseException | None) -> bool:
     return isinstance(cause, diskcache.Timeout) or _busy(cause)
 
 
-@dataclass(frozen=True)
 class _Stored:
     """What this store last wrote for a run, so that the next put need not read it back.
 
@@ -170,16 +169,30 @@ class _Stored:
             encoded from the text instead of read back.
         epoch_row: The run's epoch record as last read, undecoded.
         epoch_record: That record decoded, reused while the row is unchanged.
+        keys: The run's head key, epoch record key and text segment key prefix.
     """
 
-    head: bytes
-    chars: tuple[int, ...]
-    epoch_row: Any = None
-    epoch_record: tuple[int, float] | None = None
+    __slots__ = ("chars", "epoch_record", "epoch_row", "head", "keys")
+
+    def __init__(
+        self,
+        head: bytes,
+        chars: tuple[int, ...],
+        epoch_row: Any,
+        epoch_record: tuple[int, float] | None,
+        keys: tuple[bytes, bytes, bytes],
+    ) -> None:
+        self.head = head
+        self.chars = chars
+        self.epoch_row = epoch_row
+        self.epoch_record = epoch_record
+        self.keys = keys
 
 
-_NO_RECORD = _Stored(b"", ())
-"""The state of a run without a stored record: a put writes it without reading anything else."""
+def _run_keys(run_id: str) -> tuple[bytes, bytes, bytes]:
+    """A run's head key, epoch record key and text segment key prefix."""
+    encoded = run_id_bytes(run_id)
+    return _HEAD + encoded, _EPOCH + encoded, _SEGMENT + encoded + b"\x00"
 
 
 def _segment_chars(text: str, sizes: Sequence[int]) -> tuple[int, ...] | None:
@@ -883,7 +896,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         if state is None:
             sizes = stored.extra.get("segments")
             chars = _segment_chars(plan.text, sizes) if isinstance(sizes, list) else None
-            state = None if chars is None else _Stored(stored.encode(), chars)
+            keys = _run_keys(plan.run_id)
+            state = None if chars is None else _Stored(stored.encode(), chars, None, None, keys)
         self._remember(
             plan.run_id,
             LastWrite(
@@ -997,16 +1011,17 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         for index, plan in plans:
             known = plan.last is None or isinstance(plan.last.state, _Stored)
             (lean if distinct and known else general).append((index, plan))
-        written: list[tuple[PutPlan, Head, _Stored | None]] = []
+        written: list[tuple[PutPlan, Head]] = []
+        leaned: list[tuple[str, LastWrite]] = []
         try:
             with self._backend_errors("put", None), self._cache.transact():
                 if lean:
-                    general.extend(self._put_lean(lean, errors, written))
+                    general.extend(self._put_lean(lean, errors, leaned))
                 for index, plan in general:
                     try:
                         # nested: joins the open transaction
                         with self._backend_errors("put", plan.run_id):
-                            written.append((plan, self._put_plan(plan), None))
+                            written.append((plan, self._put_plan(plan)))
                     except StreamCheckpointError as exc:
                         if isinstance(exc.cause, sqlite3.Error | OSError | diskcache.Timeout):
                             raise  # the database failed: roll the batch back
@@ -1015,147 +1030,161 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             if none_if_busy and _lock_taken(exc.cause):
                 return None  # rolled back, or never begun: nothing was written
             return [exc] * len(checkpoints)
-        for plan, stored, state in written:  # remembered once committed
-            self._finish_put(plan, stored, state)
+        # remembered once committed
+        self._remember_all(leaned)
+        for plan, stored in written:
+            self._finish_put(plan, stored)
         return errors
 
     def _put_lean(
         self,
         plans: list[tuple[int, PutPlan]],
         errors: list[StreamCheckpointError | None],
-        written: list[tuple[PutPlan, Head, _Stored | None]],
+        leaned: list[tuple[str, LastWrite]],
     ) -> list[tuple[int, PutPlan]]:
         """Write, inside the open transaction, the puts that need no read-back.
 
-        Returns:
-            The puts that need the general path.
+        Each is a run this store wrote last (``plan.last.state`` is its `_Stored`)
+        or a run it never wrote; one statement checks that nobody changed their
+        heads or epoch records since (`_changed_rows`). A put then writes its
+        new tail segment and head, planned from what this store remembers: an
+        append when the text extends the text written last, else a rewrite.
+        Appends ``(run id, what was written)`` to ``leaned``, sets ``errors``
+        for refused puts (fenced, too large), and returns the puts that need
+        the general path: a record someone else changed, or a segment or head
+        large enough for diskcache to keep in a file.
         """
-        keyed = []
         expected: list[tuple[bytes, bytes | None]] = []
+        keyed: list[tuple[int, PutPlan, _Stored | None, tuple[bytes, bytes, bytes]]] = []
         for index, plan in plans:
-            head_key, epoch_key = self._head_key(plan.run_id), self._epoch_key(plan.run_id)
-            memo = plan.last.state if plan.last is not None else None
-            if isinstance(memo, _Stored):
-                expected += ((head_key, memo.head), (epoch_key, memo.epoch_row))
-            else:  # a new run: no head; its epoch record is read
-                expected += ((head_key, None), (epoch_key, None))
-            keyed.append((index, plan, head_key, epoch_key))
+            last = plan.last
+            if last is None:  # a run this store has not written: lean only if it has no head
+                keys = _run_keys(plan.run_id)
+                expected += ((keys[0], None), (keys[1], None))
+                keyed.append((index, plan, None, keys))
+            else:
+                stored: _Stored = last.state
+                keys = stored.keys
+                expected += ((keys[0], stored.head), (keys[1], stored.epoch_row))
+                keyed.append((index, plan, stored, keys))
         changed = self._cache.changed_rows(expected)
-        rows = {
-            key: changed.get(key, None if value is None else (_MODE_RAW, value))
-            for key, value in expected
-        }
         now = time.time()
         largest = self._cache.disk.min_file_size
-        upserts: list[tuple[bytes, float, float, bytes]] = []
+        upserts: list[Any] = []  # the parameters of the upserted rows, flat
         deletes: list[bytes] = []
         fallback = []
-        for index, plan, head_key, epoch_key in keyed:
+        for index, plan, state, (head_key, epoch_key, prefix) in keyed:
             run_id = plan.run_id
-            last = plan.last
-            head_row = rows[head_key]
-            epoch_row = rows[epoch_key]
-            sizes: Any
-            if last is None:  # a run this store has not written: lean only if it has no record
-                state, sizes = _NO_RECORD, []
-                known = head_row is None
-            else:
-                assert isinstance(last.state, _Stored)
-                state, sizes = last.state, last.extra.get("segments")
-                known = (
-                    head_row is not None
-                    and head_row[0] == _MODE_RAW
-                    and head_row[1] == state.head
-                    and type(sizes) is list
-                    and len(sizes) == len(state.chars)
-                    and len(state.head) < largest
-                )
-            if not known or (epoch_row is not None and epoch_row[0] != _MODE_RAW):
+            if head_key in changed:  # not as this store left it (or a new run's head exists)
                 fallback.append((index, plan))
                 continue
+            if epoch_key in changed:
+                epoch_row = changed[epoch_key]
+                if epoch_row is not None and epoch_row[0] != _MODE_RAW:
+                    fallback.append((index, plan))
+                    continue
+                epoch_value = None if epoch_row is None else epoch_row[1]
+                record = None
+            else:
+                epoch_value = None if state is None else state.epoch_row
+                record = None if state is None else state.epoch_record
             try:
-                epoch_value = epoch_row[1] if epoch_row is not None else None
-                if epoch_value == state.epoch_row:
-                    record = state.epoch_record
-                else:
+                if record is None:
                     record = self._parse_epoch_record(run_id, epoch_value)
                 check_epoch(run_id, plan.epoch, 0 if record is None else record[0], action="put")
-                step = self._lean_step(plan, sizes, state, epoch_value, record)
+                step = self._lean_layout(plan, state, prefix, largest)
             except StreamCheckpointError as exc:
                 errors[index] = exc
                 continue
             if step is None:
                 fallback.append((index, plan))
                 continue
-            head, values, stale, new_state = step
-            upserts += [(key, now, now, value) for key, value in values]
-            upserts.append((head_key, now, now, new_state.head))
+            head, text_bytes, sizes, chars, rows, stale = step
+            for key, value in rows:
+                upserts += (key, now, now, value)
+            upserts += (head_key, now, now, head)
             deletes += stale
-            written.append((plan, head, new_state))
-        for start in range(0, len(upserts), _ROWS_PER_UPSERT):
-            rows_now = upserts[start : start + _ROWS_PER_UPSERT]
-            placeholders = ",".join([_UPSERT_VALUES] * len(rows_now))
-            self._cache._sql(
-                _UPSERT_ROWS.format(placeholders), [p for row in rows_now for p in row]
+            now_stored = _Stored(head, chars, epoch_value, record, (head_key, epoch_key, prefix))
+            written = LastWrite(
+                plan.write_id,
+                plan.text,
+                text_bytes,
+                {"segments": sizes},
+                plan.text_hash,
+                now_stored,
             )
+            leaned.append((run_id, written))
+        per_statement = _ROWS_PER_UPSERT * 4
+        for start in range(0, len(upserts), per_statement):
+            params = upserts[start : start + per_statement]
+            placeholders = ",".join([_UPSERT_VALUES] * (len(params) // 4))
+            self._cache._sql(_UPSERT_ROWS.format(placeholders), params)
         for start in range(0, len(deletes), _KEYS_PER_SELECT):
             gone = deletes[start : start + _KEYS_PER_SELECT]
             self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(gone))), gone)
         return fallback
 
-    def _lean_step(
-        self,
-        plan: PutPlan,
-        sizes: list[int],
-        state: _Stored,
-        epoch_row: Any,
-        epoch_record: tuple[int, float] | None,
-    ) -> tuple[Head, list[tuple[bytes, bytes]], list[bytes], _Stored] | None:
+    def _lean_layout(
+        self, plan: PutPlan, state: _Stored | None, prefix: bytes, largest: int
+    ) -> (
+        tuple[bytes, int, list[int], tuple[int, ...], list[tuple[bytes, bytes]], list[bytes]] | None
+    ):
         """Plan one put over the record this store last wrote (``state``), or a new record.
 
         Returns:
-            The head, the segments to write, the segment keys to remove and the
-            state to remember (with the epoch record read, ``epoch_row`` and
-            ``epoch_record``); ``None`` when the general path must write it (a
+            The encoded head, the text's encoded length, its segment sizes and
+            characters per segment, the segment rows to write and the segment
+            keys to remove; ``None`` when the general path must write it (a
             segment or head diskcache would keep in a file).
 
         Raises:
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
         """
-        run_id = plan.run_id
-        largest = self._cache.disk.min_file_size
-        append = self._append_step(plan)
-        if append is not None:
-            head, delta = append
-            encoded = head.encode()
-            if len(encoded) >= largest:
-                return None
+        text = plan.text
+        last = plan.last
+        sizes: list[int] = [] if last is None else last.extra["segments"]
+        chars: tuple[int, ...] = () if state is None else state.chars
+        signed = self._signing_key is not None
+        rows: list[tuple[bytes, bytes]] = []
+        if (
+            last is not None
+            and text.startswith(last.text)
+            and not (signed and last.text_hash is None)
+        ):  # append the new text to the tail
+            delta = encode_text(text[len(last.text) :])
+            text_bytes = last.text_bytes + len(delta)
             first, new_sizes = plan_append(sizes, len(delta))
-            if head.extra.get("segments") != new_sizes:
+            text_hash = None
+            if signed:
+                text_hash = last.text_hash.copy()
+                text_hash.update(delta)
+            if delta:
+                offset = sum(chars[:first])
+                merged = encode_text(text[offset:])
+                if len(merged) != new_sizes[first] or len(merged) >= largest:
+                    # it holds every segment it replaces: none of them is a file when it
+                    # is small enough to be a row, and the segments before stay as they are
+                    return None
+                chars = (*chars[:first], len(text) - offset)
+                rows.append((prefix + b"%d" % first, merged))
+        else:  # rewrite the whole text as one segment
+            if sizes and max(sizes) >= largest:
+                return None  # a segment it replaces is a file: the general path removes it
+            data = encode_text(text)
+            if len(data) >= largest:
                 return None
-            if not delta:
-                return head, [], [], _Stored(encoded, state.chars, epoch_row, epoch_record)
-            offset = sum(state.chars[:first])
-            merged = encode_text(plan.text[offset:])
-            if len(merged) != new_sizes[first] or len(merged) >= largest:
-                # it holds every segment it replaces: none of them is a file when it
-                # is small enough to be a row, and the segments before stay as they are
-                return None
-            chars = (*state.chars[:first], len(plan.text) - offset)
-            stale = [self._segment_key(run_id, i) for i in range(len(new_sizes), len(sizes))]
-            values = [(self._segment_key(run_id, first), merged)]
-            return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
-        if sizes and max(sizes) >= largest:
-            return None  # a segment it replaces is a file: the general path removes it
-        head, data = self._rewrite_step(plan)
-        encoded = head.encode()
-        if len(data) >= largest or len(encoded) >= largest:
+            text_bytes = len(data)
+            new_sizes = [text_bytes] if data else []
+            chars = (len(text),) if data else ()
+            text_hash = hashlib.sha256(data) if signed else None
+            if data:
+                rows.append((prefix + b"0", data))
+        head = self._layout_head(plan, text_bytes, new_sizes, text_hash)
+        self._check_encoded_size(plan.run_id, len(head) + text_bytes)
+        if len(head) >= largest:
             return None
-        kept = 1 if data else 0
-        stale = [self._segment_key(run_id, i) for i in range(kept, len(sizes))]
-        values = [(self._segment_key(run_id, 0), data)] if data else []
-        chars = (len(plan.text),) if data else ()
-        return head, values, stale, _Stored(encoded, chars, epoch_row, epoch_record)
+        stale = [prefix + b"%d" % i for i in range(len(new_sizes), len(sizes))]
+        return head, text_bytes, new_sizes, chars, rows, stale
 
 
 __all__ = ["DiskCacheStreamCheckpointStore"]
