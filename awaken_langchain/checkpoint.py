@@ -12,10 +12,11 @@ import asyncio
 import functools
 import json
 import math
+import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -344,6 +345,8 @@ encode_json_string: Callable[[str], str] = json.encoder.encode_basestring
 """The JSON literal of a ``str``, as ``json.dumps(..., ensure_ascii=False)`` writes it."""
 
 _EMPTY: tuple[object, ...] = ((), [])
+_NONE: tuple[()] = ()
+"""The empty tuple: a record list that is this object cannot change."""
 _RECORD_FIELDS = ("completed_tool_calls", "invalid_tool_calls", "completed_blocks", "text_blocks")
 
 
@@ -384,14 +387,61 @@ def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
     blocks or model spans, or a field of an unexpected type (a record built with
     ``model_construct``), goes through pydantic as before.
     """
+    return encode_fields_again(checkpoint, updated_at, None)[0]
+
+
+class FieldsCode(NamedTuple):
+    """A checkpoint's fields as encoded, kept to encode the next put of its run again.
+
+    Attributes:
+        values: Every field but ``partial_text`` and ``updated_at``, the objects
+            themselves, in `_CODED_FIELDS` order (all immutable).
+        before: The encoding up to ``updated_at``'s value.
+        after: The encoding after it.
+    """
+
+    values: tuple[object, ...]
+    before: bytes
+    after: bytes
+
+
+_CODED_FIELDS = tuple(
+    name for name in StreamCheckpoint.model_fields if name not in ("partial_text", "updated_at")
+)
+_coded_values = operator.itemgetter(*_CODED_FIELDS)
+
+
+def encode_fields_again(
+    checkpoint: StreamCheckpoint, updated_at: float, previous: FieldsCode | None
+) -> tuple[bytes, FieldsCode | None]:
+    """`encode_fields`, reusing ``previous`` when no field but the text changed.
+
+    A turn's checkpoints differ from one put to the next in their text alone,
+    as long as no retry, tool call or block happens: their other fields are
+    the very same objects. When each of them is the object ``previous`` was
+    encoded from (all immutable: strings, numbers, ``None``, the empty
+    tuple), only the stamp is written anew.
+
+    Returns:
+        The encoded fields, and the code to pass for the run's next put
+        (``None`` when the record is encoded by pydantic, or holds a value
+        that could change in place).
+    """
     data = checkpoint.__dict__
+    stamp = _json_number(updated_at)
+    if previous is not None and stamp is not None:
+        try:
+            values = _coded_values(data)
+        except KeyError:  # a record without every field (built by hand)
+            values = ()
+        if len(values) == len(previous.values) and all(map(operator.is_, values, previous.values)):
+            return b"".join((previous.before, stamp.encode(), previous.after)), previous
     version, run_id, model = data.get("schema_version"), data.get("run_id"), data.get("model")
     thread_id, fingerprint = data.get("thread_id"), data.get("fingerprint")
     message_id, keep_for = data.get("message_id"), data.get("keep_for")
     content_blocks, complete = data.get("content_blocks"), data.get("complete")
     retry, epoch = data.get("retry_count"), data.get("epoch")
     response_id, sequence = data.get("provider_response_id"), data.get("provider_sequence_number")
-    stamp = _json_number(updated_at)
     if (
         type(version) is not int
         or type(run_id) is not str
@@ -410,21 +460,29 @@ def encode_fields(checkpoint: StreamCheckpoint, updated_at: float) -> bytes:
         or not (sequence is None or type(sequence) is int)
         or stamp is None
     ):
-        return _encode_fields_slow(checkpoint, updated_at)
+        return _encode_fields_slow(checkpoint, updated_at), None
     for name in _RECORD_FIELDS:
         if data.get(name) not in _EMPTY:
-            return _encode_fields_slow(checkpoint, updated_at)
-    text = (
+            return _encode_fields_slow(checkpoint, updated_at), None
+    before = (
         _fields_head(version, run_id, thread_id, model, fingerprint, message_id)
         + f'"content_blocks":{"true" if content_blocks else "false"},'
         '"completed_blocks":[],"text_blocks":[],'
         f'"complete":{"true" if complete else "false"},'
         f'"keep_for":{"null" if keep_for is None else float.__repr__(keep_for)},'
-        f'"retry_count":{int.__repr__(retry)},"epoch":{int.__repr__(epoch)},"updated_at":{stamp},'
-        f'"provider_response_id":{_optional_string(response_id)},'
+        f'"retry_count":{int.__repr__(retry)},"epoch":{int.__repr__(epoch)},"updated_at":'
+    ).encode("utf-8", "surrogatepass")
+    after = (
+        f',"provider_response_id":{_optional_string(response_id)},'
         f'"provider_sequence_number":{"null" if sequence is None else int.__repr__(sequence)}}}'
-    )
-    return text.encode("utf-8", "surrogatepass")
+    ).encode("utf-8", "surrogatepass")
+    encoded = b"".join((before, stamp.encode(), after))
+    values = _coded_values(data)
+    if data.get("model_spans") is not _NONE or any(
+        data.get(name) is not _NONE for name in _RECORD_FIELDS
+    ):
+        return encoded, None  # an empty list: it could be filled in place
+    return encoded, FieldsCode(values, before, after)
 
 
 def _optional_string(value: str | None) -> str:

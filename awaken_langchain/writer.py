@@ -56,6 +56,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar, cast
 
+from awaken_langchain._process import PROCESS
 from awaken_langchain.accumulator import DeferredCheckpoint, built
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 from awaken_langchain.errors import StreamCheckpointError
@@ -85,10 +86,6 @@ The writer thread is a daemon: without this wait, a process that ends right
 after its turns would drop the closing writes and deletes those turns stopped
 waiting for (after ``checkpoint_deadline``), and leave their checkpoints behind."""
 _LIVE: weakref.WeakSet[CheckpointWriter] = weakref.WeakSet()
-_PROCESS = [os.getpid()]
-"""This process's id, kept up to date across ``fork`` (``os.getpid`` is a system call,
-and `writer_for` runs on every checkpoint)."""
-os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, os.getpid()))
 
 
 @atexit.register
@@ -561,11 +558,11 @@ def _declared(store: StreamCheckpointStore, name: str) -> Any:
 def writer_for(store: StreamCheckpointStore) -> CheckpointWriter:
     """The writer of ``store`` (one per store object and process)."""
     writer = store.__dict__.get(_ATTRIBUTE)
-    if isinstance(writer, CheckpointWriter) and writer._pid == _PROCESS[0]:
+    if isinstance(writer, CheckpointWriter) and writer._pid == PROCESS[0]:
         return writer
     with _REGISTRY_LOCK:
         writer = store.__dict__.get(_ATTRIBUTE)
-        if not isinstance(writer, CheckpointWriter) or writer._pid != _PROCESS[0]:
+        if not isinstance(writer, CheckpointWriter) or writer._pid != PROCESS[0]:
             writer = CheckpointWriter(store)
             store.__dict__[_ATTRIBUTE] = writer
         return writer

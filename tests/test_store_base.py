@@ -19,6 +19,7 @@ from awaken_langchain.checkpoint import (
     StreamCheckpoint,
     TextBlockStart,
     encode_fields,
+    encode_fields_again,
     encode_json,
     unchecked_checkpoint,
 )
@@ -101,6 +102,30 @@ def test_hand_encoded_fields_are_the_bytes_pydantic_writes(
     encoded = encode_fields(checkpoint, updated_at)
     assert encoded == _dumped(checkpoint, updated_at)
     assert dict(EncodedFields(encoded)) == json.loads(encoded)
+
+
+def test_fields_are_encoded_again_from_the_previous_code_only_when_every_field_is_the_same() -> (
+    None
+):
+    first = unchecked_checkpoint(run_id="run-1", model="m", partial_text="a")
+    data, code = encode_fields_again(first, 1.5, None)
+    assert code is not None
+    assert data == encode_fields(first, 1.5)
+    longer = unchecked_checkpoint(**{**first.__dict__, "partial_text": "ab"})
+    assert encode_fields_again(longer, 2.5, code) == (encode_fields(longer, 2.5), code)
+    retried = unchecked_checkpoint(**{**first.__dict__, "retry_count": 1})
+    again, new_code = encode_fields_again(retried, 2.5, code)
+    assert again == encode_fields(retried, 2.5)
+    assert b'"retry_count":1' in again
+    assert new_code is not code
+
+
+def test_a_record_holding_a_list_that_could_be_filled_in_place_is_never_encoded_again() -> None:
+    calls: list[CompletedToolCall] = []
+    checkpoint = StreamCheckpoint.model_construct(run_id="run-1", completed_tool_calls=calls)
+    data, code = encode_fields_again(checkpoint, 1.5, None)
+    assert code is None
+    assert data == encode_fields(checkpoint, 1.5)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from awaken_langchain import StreamCheckpoint, StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.checkpoint import (
+    CompletedToolCall,
+    InFlightToolCall,
+    ModelSpan,
+    unchecked_checkpoint,
+)
 from awaken_langchain.stores._base import DeltaCheckpointStore, Head, decode_head
 from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend
 
@@ -147,6 +153,73 @@ def test_a_signed_record_changed_in_any_bit_is_refused_or_reads_back_unchanged(
             return
         assert got is not None
         assert got.model_dump(exclude={"updated_at"}) == original.model_dump(exclude={"updated_at"})
+    finally:
+        store.close()
+        shutil.rmtree(location.parent, ignore_errors=True)
+
+
+# What changes between two puts of one run: nothing but the text (the field objects
+# themselves are passed again, as a turn's checkpoints pass them), or one field.
+CHANGES = st.lists(
+    st.one_of(
+        st.tuples(st.just("text"), st.text(max_size=6)),
+        st.tuples(st.just("retry_count"), st.integers(min_value=0, max_value=300)),
+        st.tuples(st.just("keep_for"), st.none() | st.floats(min_value=1, max_value=1e6)),
+        st.tuples(st.just("complete"), st.booleans()),
+        st.tuples(st.just("model"), st.sampled_from(["m:a", "m:b", "m:ä"])),
+        st.tuples(st.just("provider_sequence_number"), st.none() | st.integers(0, 99)),
+        st.tuples(st.just("in_flight_tool_call"), st.none() | st.just('{"a": 1')),
+        st.tuples(st.just("completed_tool_calls"), st.integers(min_value=0, max_value=2)),
+        st.tuples(st.just("model_spans"), st.booleans()),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS, ids=lambda backend: backend.name)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(changes=CHANGES, signed=st.booleans())
+def test_every_put_of_a_run_reads_back_as_put_whichever_fields_change_between_puts(
+    backend: StoreBackend, changes: list[tuple[str, Any]], signed: bool
+) -> None:
+    store, location = fresh(backend, signing_key=KEY if signed else None)
+    epoch = store.claim("run-1")
+    fields: dict[str, Any] = {"run_id": "run-1", "epoch": epoch, "model": "m:a"}
+    text = ""
+    try:
+        for name, value in changes:
+            fields = dict(fields)  # the same objects again, but for the field changed
+            if name == "text":
+                text += value
+            elif name == "in_flight_tool_call":
+                call = None if value is None else InFlightToolCall(index=0, partial_args=value)
+                fields[name] = call
+            elif name == "completed_tool_calls":
+                calls = [CompletedToolCall(id=f"c{i}", name="t", args={}) for i in range(value)]
+                fields[name] = tuple(calls)
+            elif name == "model_spans":
+                spans = (ModelSpan(model="m:a", start=0), ModelSpan(model="m:b", start=0))
+                fields[name] = spans if value else ()
+            else:
+                fields[name] = value
+            checkpoint = unchecked_checkpoint(partial_text=text, **fields)
+            store.put(checkpoint)
+            # read without `get`, which would make the store forget what it wrote
+            loaded = store._backend_load("run-1")
+            assert loaded is not None
+            head, data = loaded
+            stored = dict(head.fields)
+            del stored["updated_at"]
+            assert stored == checkpoint.model_dump(
+                mode="json", exclude={"partial_text", "updated_at"}
+            )
+            assert data.decode("utf-8", "surrogatepass") == text
+        got = store.get("run-1")
+        assert got is not None
+        assert got.model_dump(exclude={"updated_at"}) == checkpoint.model_dump(
+            exclude={"updated_at"}
+        )
     finally:
         store.close()
         shutil.rmtree(location.parent, ignore_errors=True)

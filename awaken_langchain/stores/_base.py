@@ -94,12 +94,13 @@ from typing import Any
 
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    FieldsCode,
     StreamCheckpoint,
     StreamCheckpointStore,
     check_run_id,
     checkpoint_from_dict,
     decode_json,
-    encode_fields,
+    encode_fields_again,
     encode_json,
     encode_json_string,
 )
@@ -579,6 +580,9 @@ class LastWrite:
             that the next append hashes only its delta.
         state: What the backend keeps of the stored record to write the next
             put without reading it back (``None``: nothing).
+        fields_code: The fields as encoded then, to encode the next put's again
+            (`encode_fields_again`; ``None`` after a read or a record pydantic
+            encoded).
     """
 
     write_id: str
@@ -587,6 +591,7 @@ class LastWrite:
     extra: Mapping[str, Any]
     text_hash: Any = None
     state: Any = None
+    fields_code: FieldsCode | None = None
 
 
 @dataclass
@@ -602,6 +607,7 @@ class PutPlan:
         last: What this store instance last wrote or read for the run, if anything.
         text_hash: SHA-256 state over the text the last step prepared (signing
             stores only).
+        fields_code: The fields as encoded, for the run's next put.
     """
 
     run_id: str
@@ -611,6 +617,7 @@ class PutPlan:
     write_id: str
     last: LastWrite | None
     text_hash: Any = None
+    fields_code: FieldsCode | None = None
 
 
 class DeltaCheckpointStore(StreamCheckpointStore):
@@ -757,11 +764,19 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             )
         self._check_writable("put")
         run_id = check_run_id(checkpoint.run_id)
-        fields = EncodedFields(encode_fields(checkpoint, max(0.0, self.clock())))
         with self._memo_lock:
             last = self._memo.get(run_id)
+        data, code = encode_fields_again(
+            checkpoint, max(0.0, self.clock()), None if last is None else last.fields_code
+        )
         return PutPlan(
-            run_id, checkpoint.epoch, checkpoint.partial_text, fields, new_write_id(), last
+            run_id,
+            checkpoint.epoch,
+            checkpoint.partial_text,
+            EncodedFields(data),
+            new_write_id(),
+            last,
+            fields_code=code,
         )
 
     def _append_step(self, plan: PutPlan) -> tuple[Head, bytes] | None:
@@ -850,11 +865,19 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             stored = self._backend_replace(*self._rewrite_step(plan), plan.epoch)
         return stored
 
-    def _finish_put(self, plan: PutPlan, stored: Head) -> None:
-        """Remember what a put wrote, for the next delta write."""
+    def _finish_put(self, plan: PutPlan, stored: Head, state: Any = None) -> None:
+        """Remember what a put wrote, for the next delta write (``state``: `LastWrite.state`)."""
         self._remember(
             plan.run_id,
-            LastWrite(stored.write_id, plan.text, stored.text_bytes, stored.extra, plan.text_hash),
+            LastWrite(
+                stored.write_id,
+                plan.text,
+                stored.text_bytes,
+                stored.extra,
+                plan.text_hash,
+                state,
+                plan.fields_code,
+            ),
         )
 
     def _rebuild(self, run_id: str, loaded: tuple[Head, bytes] | None) -> StreamCheckpoint | None:

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import diskcache
 
+from awaken_langchain._process import PROCESS
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
@@ -265,6 +266,23 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._waits = threading.local()
+
+    @property
+    def _con(self) -> sqlite3.Connection:
+        """This thread's connection: diskcache's, without a system call per statement.
+
+        diskcache opens one connection per thread and process, and checks the
+        process id (``os.getpid``, a system call) at every statement; this reads
+        the id kept up to date across ``fork`` instead, and leaves a new
+        thread's or a forked child's first connection to diskcache.
+        """
+        local = self._local
+        if getattr(local, "pid", None) == PROCESS[0]:
+            con: sqlite3.Connection | None = getattr(local, "con", None)
+            if con is not None:
+                return con
+        opened: sqlite3.Connection = diskcache.Cache._con.fget(self)
+        return opened
 
     def wait_limit(self) -> float:
         """Seconds this thread's next transaction may wait for the write lock."""
@@ -892,23 +910,13 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
         return {"segments": [text_bytes] if text_bytes else []}
 
-    def _finish_put(self, plan: PutPlan, stored: Head, state: _Stored | None = None) -> None:
-        if state is None:
-            sizes = stored.extra.get("segments")
-            chars = _segment_chars(plan.text, sizes) if isinstance(sizes, list) else None
-            keys = _run_keys(plan.run_id)
-            state = None if chars is None else _Stored(stored.encode(), chars, None, None, keys)
-        self._remember(
-            plan.run_id,
-            LastWrite(
-                stored.write_id,
-                plan.text,
-                stored.text_bytes,
-                stored.extra,
-                plan.text_hash,
-                state,
-            ),
-        )
+    def _finish_put(self, plan: PutPlan, stored: Head, state: Any = None) -> None:
+        """Remember a put of the general path, with what the next put needs to skip it."""
+        sizes = stored.extra.get("segments")
+        chars = _segment_chars(plan.text, sizes) if isinstance(sizes, list) else None
+        if chars is not None:
+            state = _Stored(stored.encode(), chars, None, None, _run_keys(plan.run_id))
+        super()._finish_put(plan, stored, state)
 
     # -- group commit ---------------------------------------------------------------
 
@@ -1112,6 +1120,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 {"segments": sizes},
                 plan.text_hash,
                 now_stored,
+                plan.fields_code,
             )
             leaned.append((run_id, written))
         per_statement = _ROWS_PER_UPSERT * 4
