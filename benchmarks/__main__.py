@@ -18,6 +18,7 @@ from benchmarks import (
     instructions,
     lock_wait,
     overhead,
+    paced_instructions,
     recovery_latency,
     sdk_overhead,
     seam_accuracy,
@@ -27,10 +28,18 @@ from benchmarks import (
 
 
 def _instructions(**sizes: int) -> None:
-    if shutil.which("valgrind") is None:  # the only benchmark that needs it
+    if shutil.which("valgrind") is None:  # the only benchmarks that need it
         print("instructions per chunk: skipped, valgrind is not installed\n")
         return
     instructions.main(**sizes)
+    print()
+
+
+def _paced_instructions(**sizes: int) -> None:
+    if shutil.which("valgrind") is None:
+        print("paced instructions per chunk: skipped, valgrind is not installed\n")
+        return
+    paced_instructions.main(**sizes)
     print()
 
 
@@ -49,6 +58,7 @@ def main(quick: bool = False) -> None:
         concurrency.paced(streams=16, processes=2, chars=120)
         lock_wait.main(processes=2, groups=50, rounds=1)
         capacity.main(chars=60, start=8, limit=16)
+        _paced_instructions(streams=4, chars=40)
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
     else:
@@ -63,6 +73,7 @@ def main(quick: bool = False) -> None:
         concurrency.paced()
         lock_wait.main()
         capacity.main()
+        _paced_instructions()
         seam_accuracy.main()
         store_size.main()
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,7 @@ from benchmarks import (
     instructions,
     lock_wait,
     overhead,
+    paced_instructions,
     recovery_latency,
     sdk_overhead,
     seam_accuracy,
@@ -228,6 +231,90 @@ def test_instruction_benchmark_counts_what_the_wrapper_adds_to_each_chunk() -> N
     assert wrapped.ratio > 1.0  # the wrapper does work of its own on every chunk
     assert wrapped.ratio_without_gc > 1.0
     assert bare.ratio_without_gc == 1.0
+
+
+_VIRTUAL_TURNS = """
+import time
+real = time.monotonic
+import benchmarks._virtual_clock as v
+v.install()
+import asyncio, json, tempfile, uuid
+from pathlib import Path
+from awaken_langchain import DiskCacheStreamCheckpointStore, RecoveringChatModel
+from benchmarks._common import PacedModel
+
+async def main(directory):
+    inner = PacedModel(chars=120, rate=30.0)  # 30 chunks in 1 s
+    store = DiskCacheStreamCheckpointStore(directory)
+    model = RecoveringChatModel(model=inner, store=store)
+
+    async def turn(i):
+        chunks = [c async for c in model.astream(f"q{i}", config={"run_id": uuid.uuid4()})]
+        return chunks[-1].response_metadata["awaken"]["checkpoint_writes"]
+
+    try:
+        return await asyncio.gather(*(turn(i) for i in range(4)))
+    finally:
+        store.close()
+
+started, virtual = real(), v.now()
+with tempfile.TemporaryDirectory() as tmp:
+    writes = v.VirtualClockLoop().run_until_complete(main(Path(tmp)))
+print(json.dumps({"writes": writes, "real": real() - started, "virtual": v.now() - virtual}))
+"""
+
+
+def test_paced_turns_on_the_virtual_clock_keep_their_schedule_and_checkpoint_as_at_full_speed() -> (
+    None
+):
+    done = subprocess.run(
+        [sys.executable, "-c", _VIRTUAL_TURNS],
+        cwd=REPO_ROOT,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # 30 chunks at 30 chunks/s, the last due 29/30 s in: that long on the turn's own
+    # clock, in less real time
+    assert result["virtual"] >= 29 / 30
+    assert result["real"] < result["virtual"]
+    # a write every 8 chunks or 0.25 s (the shared moments may add one): as when paced for real
+    assert all(4 <= writes <= 6 for writes in result["writes"]), result["writes"]
+
+
+def test_callgrind_costs_are_summed_per_object_without_counting_calls_twice(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "callgrind.out"
+    out.write_text(
+        "events: Ir\n"
+        "ob=(1) /lib/libpython.so\nfl=(1) a.c\nfn=(1) main\n"
+        "10 100\n"
+        "cob=(2) /lib/libsqlite3.so\ncfi=(2) b.c\ncfn=(2) step\ncalls=1 20\n"
+        "11 500\n"
+        "+1 7\n"
+        "ob=(2)\nfl=(2)\nfn=(2)\n"
+        "20 500\n"
+        "totals: 607\n"
+    )
+    total, by_object = paced_instructions._self_costs_by_object(out)
+
+    assert total == 607
+    assert by_object == {"/lib/libpython.so": 107, "/lib/libsqlite3.so": 500}
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed")
+def test_paced_instruction_count_of_diskcache_tells_what_sqlite_executed() -> None:
+    case = paced_instructions.CASES.index("wrapper, diskcache")
+    total, sqlite, chunks, writes = paced_instructions._count(case, 2, 40, 30.0, collector=True)
+
+    assert chunks == 2 * 10
+    assert writes >= 2  # every turn writes, if only its closing write
+    assert total > 100_000_000  # an interpreter's start-up alone
+    assert 0 < sqlite < total
 
 
 def test_all_benchmarks_run_from_one_command() -> None:
