@@ -345,8 +345,8 @@ encode_json_string: Callable[[str], str] = json.encoder.encode_basestring
 """The JSON literal of a ``str``, as ``json.dumps(..., ensure_ascii=False)`` writes it."""
 
 _EMPTY: tuple[object, ...] = ((), [])
-_NONE: tuple[()] = ()
-"""The empty tuple: a record list that is this object cannot change."""
+_NO_RECORDS: tuple[()] = ()
+"""The empty tuple: a list of records that is this object cannot change in place."""
 _RECORD_FIELDS = ("completed_tool_calls", "invalid_tool_calls", "completed_blocks", "text_blocks")
 
 
@@ -477,12 +477,14 @@ def encode_fields_again(
         f'"provider_sequence_number":{"null" if sequence is None else int.__repr__(sequence)}}}'
     ).encode("utf-8", "surrogatepass")
     encoded = b"".join((before, stamp.encode(), after))
-    values = _coded_values(data)
-    if data.get("model_spans") is not _NONE or any(
-        data.get(name) is not _NONE for name in _RECORD_FIELDS
+    if data.get("model_spans") is not _NO_RECORDS or any(
+        data.get(name) is not _NO_RECORDS for name in _RECORD_FIELDS
     ):
         return encoded, None  # an empty list: it could be filled in place
-    return encoded, FieldsCode(values, before, after)
+    try:
+        return encoded, FieldsCode(_coded_values(data), before, after)
+    except KeyError:  # a record without every field (built by hand)
+        return encoded, None
 
 
 def _optional_string(value: str | None) -> str:
