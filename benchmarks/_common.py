@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -573,6 +574,12 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def last_json(stdout: str) -> dict[str, Any]:
+    """The JSON object a child process printed last (its figures; earlier lines are its own)."""
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return result
+
+
 def child_results(children: Sequence[subprocess.Popen[str]], what: str) -> list[dict[str, Any]]:
     """The JSON object each child process printed last, in order.
 
@@ -584,8 +591,65 @@ def child_results(children: Sequence[subprocess.Popen[str]], what: str) -> list[
         out, _ = process.communicate(timeout=600)
         if process.returncode != 0:
             raise RuntimeError(f"a {what} process failed ({process.returncode})")
-        results.append(json.loads(out.strip().splitlines()[-1]))
+        results.append(last_json(out))
     return results
+
+
+def run_child(
+    code: str,
+    *,
+    what: str,
+    under: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    timeout: float = 600,
+) -> tuple[dict[str, Any], str]:
+    """Run ``code`` in a fresh interpreter that imports this checkout, and wait for it.
+
+    Args:
+        code: What the interpreter runs (``python -c``); it prints its figures
+            as a JSON object on its last line.
+        what: What the child is, for the error.
+        under: A command the interpreter runs under, as `CACHEGRIND`.
+        env: Its environment; `child_env` when ``None``.
+        timeout: Most seconds to wait.
+
+    Returns:
+        The JSON object it printed last, and what it wrote to stderr.
+
+    Raises:
+        RuntimeError: If it exited with an error (the end of its stderr is in the message).
+    """
+    done = subprocess.run(
+        [*under, sys.executable, "-c", code],
+        cwd=REPO_ROOT,
+        env=child_env() if env is None else env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return last_json(done.stdout), done.stderr
+
+
+CACHEGRIND = ("valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null")
+"""valgrind counting every instruction a command executes (the total goes to stderr)."""
+
+_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
+
+
+def require_valgrind() -> None:
+    """Raise `RuntimeError` naming the fix when valgrind is not installed."""
+    if shutil.which("valgrind") is None:
+        raise RuntimeError("valgrind is not on the PATH: install it (apt-get install valgrind)")
+
+
+def counted_instructions(stderr: str, what: str) -> int:
+    """The instruction total valgrind wrote to ``stderr`` for ``what`` (a cachegrind run)."""
+    found = _REFS.search(stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count in the output of {what}:\n{stderr[-2000:]}")
+    return int(found.group(1).replace(",", ""))
 
 
 # -- paced streams ----------------------------------------------------------------------

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,13 +43,12 @@ if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import (
-    REPO_ROOT,
     PacedModel,
-    child_env,
     machine_line,
     make_store,
     paced_turn,
     percentile,
+    run_child,
     table,
 )
 
@@ -95,21 +93,11 @@ def trial_child(kind: str, streams: int, chars: int, rate: float, directory: str
 
 def _run_trial(kind: str, streams: int, chars: int, rate: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                "from benchmarks.capacity import trial_child\n"
-                f"trial_child({kind!r}, {streams}, {chars}, {rate}, {tmp!r})\n",
-            ],
-            cwd=REPO_ROOT,
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=600,
+        result, _ = run_child(
+            "from benchmarks.capacity import trial_child\n"
+            f"trial_child({kind!r}, {streams}, {chars}, {rate}, {tmp!r})\n",
+            what=f"a {kind} trial of {streams} streams",
         )
-    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     if result["ok"] != streams:
         raise RuntimeError(f"{kind}: {streams - result['ok']} turns lost their text")
     return result

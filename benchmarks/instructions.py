@@ -43,8 +43,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import re
-import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -56,18 +54,20 @@ if __package__ in (None, ""):  # run as a script from a clone
 
 from awaken_langchain import RecoveringChatModel
 from benchmarks._common import (
+    CACHEGRIND,
     REPO_ROOT,
     TokenStreamModel,
     child_env,
     cores,
+    counted_instructions,
     machine_line,
+    require_valgrind,
     table,
 )
 
 IDLE_TIMEOUT = 60.0
 CASES = ("bare inner model", "wrapper, no idle timeout", "wrapper, idle timeout 60 s")
 PATHS = ("sync", "async", "async, provider metadata")
-_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
 @dataclass
@@ -114,10 +114,7 @@ def stream(path: str, case: str, chunks: int) -> int:
 def _count(path: str, case: str, chunks: int, seed: int, collector: bool) -> int:
     """Instructions one process executes to stream the turn (valgrind's count)."""
     command = [
-        "valgrind",
-        "--tool=cachegrind",
-        "--cache-sim=no",
-        "--cachegrind-out-file=/dev/null",
+        *CACHEGRIND,
         sys.executable,
         "-m",
         "benchmarks.instructions",
@@ -131,10 +128,10 @@ def _count(path: str, case: str, chunks: int, seed: int, collector: bool) -> int
     done = subprocess.run(
         command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900
     )
-    found = _REFS.search(done.stderr)
-    if done.returncode != 0 or found is None:
-        raise RuntimeError(f"valgrind run of {path} {case!r} failed:\n{done.stderr[-2000:]}")
-    return int(found.group(1).replace(",", ""))
+    what = f"valgrind run of {path} {case!r}"
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
+    return counted_instructions(done.stderr, what)
 
 
 def measure(
@@ -145,8 +142,7 @@ def measure(
     cases: tuple[str, ...] = CASES,
 ) -> list[Row]:
     """Instructions per chunk of ``cases`` on ``paths``, ratios against the first case."""
-    if shutil.which("valgrind") is None:
-        raise RuntimeError("valgrind is not on the PATH: install it (apt-get install valgrind)")
+    require_valgrind()
     if chunks <= short:
         raise ValueError(f"--chunks ({chunks}) must be larger than --short ({short})")
     jobs = [

@@ -42,8 +42,6 @@ import gc
 import json
 import random
 import re
-import shutil
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -55,7 +53,16 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import REPO_ROOT, child_env, cores, machine_line, table
+from benchmarks._common import (
+    CACHEGRIND,
+    child_env,
+    cores,
+    counted_instructions,
+    machine_line,
+    require_valgrind,
+    run_child,
+    table,
+)
 
 CASES = (
     "bare inner model",
@@ -64,7 +71,6 @@ CASES = (
     "wrapper, diskcache",
     "wrapper, diskcache, store work skipped",
 )
-_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 _SQLITE = "libsqlite3"
 
 
@@ -246,11 +252,7 @@ def _count(
     callgrind = case >= 0 and CASES[case] == "wrapper, diskcache"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out"
-        tool = (
-            ["--tool=callgrind", f"--callgrind-out-file={out}"]
-            if callgrind
-            else ["--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
-        )
+        under = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={out}")
         code = (
             (
                 "import benchmarks._virtual_clock as v; v.install()\n"
@@ -260,27 +262,20 @@ def _count(
             if case >= 0
             else f"from benchmarks.paced_instructions import set_child\nset_child({streams})\n"
         )
-        env = {**child_env(), "PYTHONHASHSEED": "0"}
-        done = subprocess.run(
-            ["valgrind", *tool, sys.executable, "-c", code],
-            cwd=REPO_ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
+        what = f"valgrind run of {CASES[case] if case >= 0 else 'diskcache set'!r}"
+        result, stderr = run_child(
+            code,
+            what=what,
+            under=under if callgrind else CACHEGRIND,
+            env={**child_env(), "PYTHONHASHSEED": "0"},
             timeout=3_600,
         )
-        if done.returncode != 0:
-            raise RuntimeError(f"valgrind run of {CASES[case]!r} failed:\n{done.stderr[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
         chunks, writes = int(result["chunks"]), int(result["writes"])
         if callgrind:
             total, by_object = _self_costs_by_object(out)
             sqlite = sum(n for name, n in by_object.items() if _SQLITE in name)
             return total, sqlite, chunks, writes
-    found = _REFS.search(done.stderr)
-    if found is None:
-        raise RuntimeError(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
-    return int(found.group(1).replace(",", "")), 0, chunks, writes
+    return counted_instructions(stderr, what), 0, chunks, writes
 
 
 def measure(
@@ -290,8 +285,7 @@ def measure(
     cases: tuple[str, ...] = CASES,
 ) -> Measured:
     """Instructions per chunk of ``cases`` at ``streams`` streams, less ``streams / 2``."""
-    if shutil.which("valgrind") is None:
-        raise RuntimeError("valgrind is not on the PATH: install it (apt-get install valgrind)")
+    require_valgrind()
     if streams < 2:
         raise ValueError(f"--streams must be at least 2, got {streams}")
     sizes = (streams // 2, streams)

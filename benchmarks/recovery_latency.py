@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import threading
@@ -47,14 +46,13 @@ from awaken_langchain import (
     StreamInterruptedError,
 )
 from benchmarks._common import (
-    REPO_ROOT,
     ContinuingModel,
     answer_for,
-    child_env,
     machine_line,
     make_store,
     median,
     percentile,
+    run_child,
     table,
 )
 
@@ -208,16 +206,7 @@ def fresh_process(prefix: int, processes: int) -> list[dict[str, Any]]:
                 "from benchmarks.recovery_latency import child\n"
                 f"child(started, {str(directory)!r}, {str(run_id)!r}, {prefix})\n"
             )
-            out = subprocess.run(
-                [sys.executable, "-c", code],
-                cwd=REPO_ROOT,
-                env=child_env(),
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=120,
-            )
-            result = json.loads(out.stdout.strip().splitlines()[-1])
+            result, _ = run_child(code, what="a fresh process resuming the turn", timeout=120)
             if not (result["resumed"] and result["complete"] and result["requests"] == 1):
                 raise RuntimeError(f"the fresh process did not resume the turn: {result}")
             results.append(result)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from benchmarks import (
     seam_accuracy,
     wasted_work,
 )
-from benchmarks._common import child_env
+from benchmarks._common import child_env, run_child
 from tests.conftest import REPO_ROOT
 
 
@@ -267,16 +266,7 @@ print(json.dumps({"writes": writes, "real": real() - started, "virtual": v.now()
 def test_paced_turns_on_the_virtual_clock_keep_their_schedule_and_checkpoint_as_at_full_speed() -> (
     None
 ):
-    done = subprocess.run(
-        [sys.executable, "-c", _VIRTUAL_TURNS],
-        cwd=REPO_ROOT,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result, _ = run_child(_VIRTUAL_TURNS, what="paced turns on the virtual clock", timeout=120)
     # 30 chunks at 30 chunks/s, the last due 29/30 s in: that long on the turn's own
     # clock, in less real time
     assert result["virtual"] >= 29 / 30
