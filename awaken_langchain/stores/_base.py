@@ -786,24 +786,42 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
         """
         last = plan.last
-        if last is None or not plan.text.startswith(last.text):
+        delta = self._append_delta(plan)
+        if last is None or delta is None:
             return None
-        delta = encode_text(plan.text[len(last.text) :])
+        data, text_hash = delta
         head = Head(
             plan.run_id,
             plan.fields,
-            last.text_bytes + len(delta),
+            last.text_bytes + len(data),
             plan.write_id,
-            self._append_layout(last, len(delta)),
+            self._append_layout(last, len(data)),
         )
-        if self._signing_key is not None:
-            if last.text_hash is None:
-                return None
-            plan.text_hash = last.text_hash.copy()
-            plan.text_hash.update(delta)
-            head = self._sign(head, plan.text_hash)
+        if text_hash is not None:
+            plan.text_hash = text_hash
+            head = self._sign(head, text_hash)
         self._check_size(head)
-        return head, delta
+        return head, data
+
+    def _append_delta(self, plan: PutPlan) -> tuple[bytes, Any] | None:
+        """The encoded text an append of ``plan`` adds, and the text's SHA-256 state after it.
+
+        ``None`` when the put must rewrite the text: its run has no last write,
+        the new text does not extend the text written last, or a signing store
+        lacks that text's hash state. The state is ``None`` for a store that
+        does not sign.
+        """
+        last = plan.last
+        if last is None or not plan.text.startswith(last.text):
+            return None
+        if self._signing_key is None:
+            return encode_text(plan.text[len(last.text) :]), None
+        if last.text_hash is None:
+            return None
+        delta = encode_text(plan.text[len(last.text) :])
+        text_hash = last.text_hash.copy()
+        text_hash.update(delta)
+        return delta, text_hash
 
     def _rewrite_step(self, plan: PutPlan) -> tuple[Head, bytes]:
         """Return the head and whole text to write.
@@ -811,15 +829,23 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         Raises:
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
         """
-        data = encode_text(plan.text)
+        data, text_hash = self._rewrite_text(plan)
         head = Head(
             plan.run_id, plan.fields, len(data), plan.write_id, self._rewrite_layout(len(data))
         )
-        if self._signing_key is not None:
-            plan.text_hash = hashlib.sha256(data)
-            head = self._sign(head, plan.text_hash)
+        if text_hash is not None:
+            plan.text_hash = text_hash
+            head = self._sign(head, text_hash)
         self._check_size(head)
         return head, data
+
+    def _rewrite_text(self, plan: PutPlan) -> tuple[bytes, Any]:
+        """The encoded whole text a rewrite of ``plan`` writes, and its SHA-256 state.
+
+        The state is ``None`` for a store that does not sign.
+        """
+        data = encode_text(plan.text)
+        return data, hashlib.sha256(data) if self._signing_key is not None else None
 
     def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
         """The layout details (``extra``) a head will carry after appending ``delta`` bytes.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sqlite3
 import threading
@@ -194,6 +193,11 @@ def _run_keys(run_id: str) -> tuple[bytes, bytes, bytes]:
     """A run's head key, epoch record key and text segment key prefix."""
     encoded = run_id_bytes(run_id)
     return _HEAD + encoded, _EPOCH + encoded, _SEGMENT + encoded + b"\x00"
+
+
+def _segment_key(prefix: bytes, index: int) -> bytes:
+    """The key of a run's text segment ``index``, from the run's segment key prefix."""
+    return prefix + b"%d" % index
 
 
 def _segment_chars(text: str, sizes: Sequence[int]) -> tuple[int, ...] | None:
@@ -590,15 +594,15 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
 
     @staticmethod
     def _head_key(run_id: str) -> bytes:
-        return _HEAD + run_id_bytes(run_id)
+        return _run_keys(run_id)[0]
 
     @staticmethod
     def _epoch_key(run_id: str) -> bytes:
-        return _EPOCH + run_id_bytes(run_id)
+        return _run_keys(run_id)[1]
 
     @staticmethod
     def _segment_key(run_id: str, index: int) -> bytes:
-        return _SEGMENT + run_id_bytes(run_id) + b"\x00" + str(index).encode()
+        return _segment_key(_run_keys(run_id)[2], index)
 
     # -- reads inside a transaction ---------------------------------------------
 
@@ -1153,20 +1157,12 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         last = plan.last
         sizes: list[int] = [] if last is None else last.extra["segments"]
         chars: tuple[int, ...] = () if state is None else state.chars
-        signed = self._signing_key is not None
         rows: list[tuple[bytes, bytes]] = []
-        if (
-            last is not None
-            and text.startswith(last.text)
-            and not (signed and last.text_hash is None)
-        ):  # append the new text to the tail
-            delta = encode_text(text[len(last.text) :])
+        append = self._append_delta(plan)
+        if last is not None and append is not None:  # append the new text to the tail
+            delta, text_hash = append
             text_bytes = last.text_bytes + len(delta)
             first, new_sizes = plan_append(sizes, len(delta))
-            text_hash = None
-            if signed:
-                text_hash = last.text_hash.copy()
-                text_hash.update(delta)
             if delta:
                 offset = sum(chars[:first])
                 merged = encode_text(text[offset:])
@@ -1175,24 +1171,23 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                     # is small enough to be a row, and the segments before stay as they are
                     return None
                 chars = (*chars[:first], len(text) - offset)
-                rows.append((prefix + b"%d" % first, merged))
+                rows.append((_segment_key(prefix, first), merged))
         else:  # rewrite the whole text as one segment
             if sizes and max(sizes) >= largest:
                 return None  # a segment it replaces is a file: the general path removes it
-            data = encode_text(text)
+            data, text_hash = self._rewrite_text(plan)
             if len(data) >= largest:
                 return None
             text_bytes = len(data)
             new_sizes = [text_bytes] if data else []
             chars = (len(text),) if data else ()
-            text_hash = hashlib.sha256(data) if signed else None
             if data:
-                rows.append((prefix + b"0", data))
+                rows.append((_segment_key(prefix, 0), data))
         head = self._layout_head(plan, text_bytes, new_sizes, text_hash)
         self._check_encoded_size(plan.run_id, len(head) + text_bytes)
         if len(head) >= largest:
             return None
-        stale = [prefix + b"%d" % i for i in range(len(new_sizes), len(sizes))]
+        stale = [_segment_key(prefix, i) for i in range(len(new_sizes), len(sizes))]
         return head, text_bytes, new_sizes, chars, rows, stale
 
 
