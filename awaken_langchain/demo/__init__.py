@@ -526,7 +526,7 @@ class Worker:
 
 def spawn_worker(args: Sequence[str], log_path: Path) -> Worker:
     """Start ``python -m awaken_langchain.demo ARGS``, importing this very package."""
-    package_root = str(Path(__file__).resolve().parent.parent)
+    package_root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
@@ -1362,7 +1362,3 @@ def run_demo(settings: DemoSettings, console: Console) -> bool:
     if settings.directory.exists() and not settings.directory.is_dir():
         raise CommandError(f"--dir {settings.directory} exists and is not a directory")
     return Demo(settings, console).run()
-
-
-if __name__ == "__main__":
-    raise SystemExit(worker_main())
