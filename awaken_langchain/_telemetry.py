@@ -18,12 +18,11 @@ context attached there would leak into the caller's code between chunks.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
-
-    from awaken_langchain.events import AwakenMetadata, Report
 
 __all__ = ["TurnSpan", "start_turn"]
 
@@ -58,17 +57,21 @@ class TurnSpan:
     def __init__(self, span: Span) -> None:
         self._span = span
 
-    def event(self, report: Report) -> None:
-        """Add a recovery event to the span."""
+    def event(self, name: str, data: Mapping[str, Any]) -> None:
+        """Add a recovery event, its payload under ``awaken.*`` attributes, to the span."""
         attributes = {
-            f"awaken.{name}": _attribute(value)
-            for name, value in report.data.items()
-            if value is not None
+            f"awaken.{key}": _attribute(value) for key, value in data.items() if value is not None
         }
-        self._span.add_event(report.event.value, attributes)
+        self._span.add_event(name, attributes)
 
-    def end(self, acc: Any, metadata: AwakenMetadata, failure: BaseException | None) -> None:
-        """End the span with what the turn answered and what recovery it took."""
+    def end(self, acc: Any, metadata: Mapping[str, Any], failure: BaseException | None) -> None:
+        """End the span with what the turn answered and what recovery it took.
+
+        Args:
+            acc: The turn's accumulator (its response metadata, message id, usage).
+            metadata: The turn's ``AwakenMetadata`` (attempts, retries, plans, ...).
+            failure: What the turn raised, or ``None`` when it answered.
+        """
         from opentelemetry.trace import Status, StatusCode
 
         span = self._span

@@ -374,7 +374,7 @@ class Reporter:
     def _publish(self, report: Report) -> None:
         """The parts of reporting that need no callback manager: span, graph stream."""
         if self._span is not None:
-            self._span.event(report)
+            self._span.event(report.event.value, report.data)
         if report.event.is_retry:
             self._waited += float(report.data.get("delay") or 0.0)
         if self._writer is not None:
