@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import inspect
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -46,7 +45,12 @@ from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore,
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.events import Report, Reporter, share_tracer
-from awaken_langchain.fallback import FallbackModel, call_kwargs_for, resolve_fallbacks
+from awaken_langchain.fallback import (
+    FallbackModel,
+    call_kwargs_for,
+    resolve_fallbacks,
+    takes_stream_usage,
+)
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -159,21 +163,6 @@ class _CallStream:
             await turn.aclose()
 
 
-@functools.cache
-def _streams_usage_on_request(cls: type[BaseChatModel]) -> bool:
-    """Whether ``cls._stream`` takes ``stream_usage`` (ChatOpenAI, ChatAnthropic do)."""
-    for klass in cls.__mro__:  # a subclass may pass ``*args, **kwargs`` on to its base
-        method = klass.__dict__.get("_stream")
-        if method is None:
-            continue
-        try:
-            if "stream_usage" in inspect.signature(method).parameters:
-                return True
-        except (TypeError, ValueError):
-            return False
-    return False
-
-
 def _open_run(
     store: StreamCheckpointStore, engine: TurnEngine
 ) -> tuple[StreamCheckpoint | None, StreamCheckpointError | None]:
@@ -284,7 +273,8 @@ class RecoveringChatModel(BaseChatModel):
     ``overload_deadline`` counted from when it takes over); ``deadline`` bounds
     the whole turn. Permanent errors are raised without trying a fallback. A
     fallback of another chat model class gets the call's tools bound with its own
-    ``bind_tools``; a request whose answer must be one JSON document (structured
+    ``bind_tools``, and none of the call's other arguments but ``stop`` and
+    ``stream_usage`` (the rest are the primary provider's own); a request whose answer must be one JSON document (structured
     output, JSON mode, forced tool choice) moves only to fallbacks of the
     primary's class, which take its arguments as they are."""
     store: StreamCheckpointStore | None = Field(default=None, exclude=True)
@@ -723,7 +713,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
-        if "stream_usage" in kwargs or not _streams_usage_on_request(type(inner)):
+        if "stream_usage" in kwargs or not takes_stream_usage(type(inner)):
             return kwargs
         responses = getattr(inner, "_use_responses_api", None)
         settings = {**kwargs, **(getattr(inner, "model_kwargs", None) or {})}
