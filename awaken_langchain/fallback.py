@@ -50,6 +50,8 @@ __all__ = [
 
 _TOOL_KWARGS = ("tools", "tool_choice", "parallel_tool_calls")
 """Call arguments that a fallback of another class gets bound its own way."""
+_TOOL_CALL_BLOCKS = ("tool_use", "input_json_delta", "tool_call_chunk")
+"""Content blocks of a tool call that a chunk also carries in ``tool_call_chunks``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +179,10 @@ def reshaped_chunk(generation: ChatGenerationChunk, *, blocks: bool) -> ChatGene
     the turn so far is a list of content blocks (OpenAI Chat Completions after
     Anthropic), or plain text blocks where it is a string (Anthropic after
     OpenAI). The text is moved into the turn's shape, so the answer keeps the
-    shape it began with. A chunk with any other block (thinking, citations...)
-    is returned as it is.
+    shape it began with. In a string, a tool call is carried by the chunk's
+    ``tool_call_chunks`` alone, as a model that answers in strings carries it:
+    its ``tool_use`` blocks are left out. A chunk with any other block
+    (thinking, citations, a server tool's call...) is returned as it is.
 
     Args:
         generation: A chunk of the fallback.
@@ -194,9 +198,16 @@ def reshaped_chunk(generation: ChatGenerationChunk, *, blocks: bool) -> ChatGene
         if not isinstance(content, list):
             return generation
         texts: list[str] = []
+        calls = {c.get("index") for c in getattr(message, "tool_call_chunks", None) or []}
         for block in content:
             if isinstance(block, str):
                 texts.append(block)
+            elif (
+                isinstance(block, dict)
+                and block.get("type") in _TOOL_CALL_BLOCKS
+                and block.get("index") in calls
+            ):
+                continue  # the call is in the chunk's tool_call_chunks
             elif (
                 isinstance(block, dict)
                 and block.get("type") == "text"

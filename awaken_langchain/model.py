@@ -274,9 +274,10 @@ class RecoveringChatModel(BaseChatModel):
     the whole turn. Permanent errors are raised without trying a fallback. A
     fallback of another chat model class gets the call's tools bound with its own
     ``bind_tools``, and none of the call's other arguments but ``stop`` and
-    ``stream_usage`` (the rest are the primary provider's own); a request whose answer must be one JSON document (structured
-    output, JSON mode, forced tool choice) moves only to fallbacks of the
-    primary's class, which take its arguments as they are."""
+    ``stream_usage`` (the rest are the primary provider's own); a request whose
+    answer must be one JSON document (structured output, JSON mode, forced tool
+    choice) moves only to fallbacks of the primary's class, which take its
+    arguments as they are."""
     store: StreamCheckpointStore | None = Field(default=None, exclude=True)
     """Where the in-flight turn is checkpointed; ``None`` recovers in-process only."""
     checkpoint_every_chunks: int = Field(default=8, ge=1)

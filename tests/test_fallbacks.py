@@ -1103,3 +1103,37 @@ async def test_an_agent_with_anthropic_prompt_caching_falls_back_to_openai(
     assert tool["function"]["name"] == "weather"
     assert "cache_control" not in json.dumps(request.body["tools"])
     assert request.rejected_by is None
+
+
+# -- the shape of an answer a fallback finishes with a tool call ------------------------------
+
+
+async def test_an_answer_a_fallback_ends_with_a_tool_call_keeps_the_shape_it_began_with(
+    pair: tuple[str, str], entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    server.enqueue(cut_answer(primary))
+    call_tool = [ScriptedToolCall("transfer", ARGS, id="call_after_text")]
+    server.default = storm(primary, continuing(tool_calls=call_tool, chunk_size=4))
+    model = RecoveringChatModel(
+        model=chat_model(primary, server),
+        fallbacks=[chat_model(fallback, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    ).bind_tools([transfer])
+
+    message, chunks = await call(model, entry)
+
+    assert [(c["id"], c["name"], c["args"]) for c in message.tool_calls] == [
+        ("call_after_text", "transfer", ARGS)
+    ]
+    assert message.invalid_tool_calls == []
+    if primary == OPENAI:  # began as a string: a string, as the bare model answers
+        assert message.content == ANSWER
+        assert all(isinstance(c.content, str) for c in chunks)
+    else:  # began as content blocks: text blocks only, the call is in tool_calls
+        assert isinstance(message.content, list)
+        assert _text_of(message.content) == ANSWER
+        assert all(isinstance(c.content, list) for c in chunks)
+    if chunks:
+        assert streamed_text(chunks) == ANSWER
+    assert len(to(fallback)) == 1
