@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import RunnableBinding, RunnableParallel, RunnableSequence
-
-if TYPE_CHECKING:
-    from awaken_langchain.model import RecoveringChatModel
 
 __all__ = ["replace_model", "with_settings"]
 
@@ -32,7 +29,7 @@ def with_settings(inner: BaseChatModel, settings: dict[str, Any]) -> BaseChatMod
     return type(inner)(**{**current, **settings})
 
 
-def replace_model(runnable: Any, old: BaseChatModel, new: RecoveringChatModel) -> Any:
+def replace_model(runnable: Any, old: BaseChatModel, new: BaseChatModel) -> Any:
     """Return ``runnable`` with every reference to ``old`` replaced by ``new``."""
     # imported here: the fallbacks module pulls in an HTTP client at import time
     from langchain_core.runnables.fallbacks import RunnableWithFallbacks

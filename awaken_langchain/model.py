@@ -581,7 +581,7 @@ class RecoveringChatModel(BaseChatModel):
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
         if not isinstance(self.model, BaseChatModel):  # configurable: bound at each call
-            return BoundPerCall(self, "bind_tools", (tools,), kwargs)
+            return BoundPerCall(self._wrapper_for, "bind_tools", (tools,), kwargs)
         bound = self._bindable().bind_tools(tools, **kwargs)
         return cast(Runnable[LanguageModelInput, AIMessage], self._rebind(bound))
 
@@ -592,11 +592,15 @@ class RecoveringChatModel(BaseChatModel):
         """Structured output as the inner model builds it, with this wrapper in the chain."""
         if not isinstance(self.model, BaseChatModel):  # configurable: built at each call
             kwargs["include_raw"] = include_raw
-            return BoundPerCall(self, "with_structured_output", (schema,), kwargs)
+            return BoundPerCall(self._wrapper_for, "with_structured_output", (schema,), kwargs)
         runnable = self._bindable().with_structured_output(
             schema, include_raw=include_raw, **kwargs
         )
         return cast(Runnable[LanguageModelInput, Any], self._rebind(runnable))
+
+    def _wrapper_for(self, config: RunnableConfig | None) -> RecoveringChatModel:
+        """This wrapper around the chat model a call with ``config`` resolves to."""
+        return self.model_copy(update={"model": self._inner(config)})
 
     def _bindable(self) -> BaseChatModel:
         return self._inner()
