@@ -383,11 +383,14 @@ class RecoveringChatModel(BaseChatModel):
         """Trace the turn as the inner model's run: its callbacks, tags and metadata.
 
         The wrapper calls the inner model's ``_stream``, so the inner model starts no
-        run of its own: what it would have put on its run goes on the wrapper's.
+        run of its own: what it would have put on its run goes on the wrapper's, and
+        the inner model's cache answers the wrapper's calls.
         """
         inner = self.model
         if not isinstance(inner, BaseChatModel):
             return self
+        if self.cache is None and inner.cache is not None:
+            self.cache = inner.cache
         if inner.callbacks:
             own = self.callbacks
             if own is None:
