@@ -27,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
+from langchain_core.language_models import (
+    BaseChatModel,
+    LangSmithParams,
+    LanguageModelInput,
+    ModelProfile,
+)
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -161,6 +166,25 @@ class _CallStream:
             await close()
         for turn in self._ctx.streams:  # each settles its writes and cancels its responses
             await turn.aclose()
+
+
+def _config_in_effect() -> RunnableConfig | None:
+    """The config of the call in progress, set by the public entry point."""
+    ctx = _CALL.get()
+    return ctx.config if ctx is not None else None
+
+
+def _names_a_model(model: Any, config: RunnableConfig | None) -> bool:
+    """Whether ``init_chat_model``'s configurable ``model`` names its model with ``config``.
+
+    It names it by default (``init_chat_model("openai:gpt-4o", configurable_fields=...)``)
+    or in the config's ``configurable``. Another configurable runnable is taken to.
+    """
+    default = getattr(model, "_default_config", None)
+    params = getattr(model, "_model_params", None)
+    if not isinstance(default, dict) or not callable(params):
+        return True
+    return bool({**default, **params(config)}.get("model"))
 
 
 def _open_run(
@@ -371,7 +395,9 @@ class RecoveringChatModel(BaseChatModel):
                 f"(init_chat_model(configurable_fields=...)), not {type(self.model).__name__}"
             )
         if "output_version" not in self.model_fields_set:
-            self.output_version = getattr(self._inner(), "output_version", None)
+            known = self._known_inner()  # none yet: a configurable model no default names
+            if known is not None:
+                self.output_version = getattr(known, "output_version", None)
         if self.provider_resume and isinstance(self.model, BaseChatModel):
             problem = provider_resume_problem(self.model)
             if problem is not None:
@@ -414,15 +440,18 @@ class RecoveringChatModel(BaseChatModel):
         return self
 
     def _inner(self, config: RunnableConfig | None = None) -> BaseChatModel:
-        """The chat model that answers a call with ``config``.
+        """The chat model that answers a call with ``config`` (default: the call in progress).
 
         Raises:
             TypeError: If a configurable model resolves to something else (tools
-                bound on the configurable model: bind them on the wrapper).
+                bound on the configurable model: bind them on the wrapper), or
+                names no model (as the configurable model itself raises).
         """
         model = self.model
         if isinstance(model, BaseChatModel):
             return model
+        if config is None:
+            config = _config_in_effect()
         resolved = getattr(model, "_model")(config)  # noqa: B009 - init_chat_model's resolver
         if not isinstance(resolved, BaseChatModel):
             raise TypeError(
@@ -431,11 +460,25 @@ class RecoveringChatModel(BaseChatModel):
             )
         return resolved
 
+    def _known_inner(self) -> BaseChatModel | None:
+        """`_inner` where nothing may name the model.
+
+        ``None`` for a configurable model with no default model
+        (``init_chat_model(temperature=0)``) outside a call whose config names one.
+        """
+        model = self.model
+        if isinstance(model, BaseChatModel):
+            return model
+        config = _config_in_effect()
+        return self._inner(config) if _names_a_model(model, config) else None
+
     # -- LangChain identity --------------------------------------------------------------
 
     @property
     def _llm_type(self) -> str:
-        return f"awaken-{self._inner()._llm_type}"  # callbacks skip the wrapper's own runs by it
+        inner = self._known_inner()
+        inner_type = inner._llm_type if inner is not None else "configurable"
+        return f"awaken-{inner_type}"  # callbacks skip the wrapper's own runs by it
 
     @property
     def model_name(self) -> str | None:
@@ -445,28 +488,34 @@ class RecoveringChatModel(BaseChatModel):
         (``model_name``, else ``model``): the wrapper's ``model`` is the inner
         model itself, so the name is answered here.
         """
-        name = self._inner()._get_ls_params().get("ls_model_name")
+        inner = self._known_inner()
+        name = inner._get_ls_params().get("ls_model_name") if inner is not None else None
         return str(name) if name else None
 
     def _resolve_model_profile(self) -> ModelProfile | None:
-        return self._inner().profile
+        inner = self._known_inner()
+        return inner.profile if inner is not None else None
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
         """The inner model's parameters, where tracers read them, and the wrapper's own."""
-        inner = self._inner()
+        inner = self._known_inner()
         awaken: dict[str, Any] = {
-            "inner_llm_type": inner._llm_type,
+            "inner_llm_type": inner._llm_type if inner is not None else "configurable",
             "max_attempts": self.retry_policy.max_attempts,
             "max_continuations": self.retry_policy.max_continuations,
         }
         if self.fallbacks:
             awaken["fallbacks"] = [self._model_id(m) for m in self.fallbacks]
-        return {**inner._identifying_params, "awaken": awaken}
+        own = inner._identifying_params if inner is not None else {}
+        return {**own, "awaken": awaken}
 
     @override
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return self._inner()._get_ls_params(stop=stop, **kwargs)
+        inner = self._known_inner()
+        if inner is None:
+            return LangSmithParams(ls_model_type="chat", **({"ls_stop": stop} if stop else {}))
+        return inner._get_ls_params(stop=stop, **kwargs)
 
     def _model_id(
         self, inner: BaseChatModel | None = None, params: Mapping[str, Any] | None = None
