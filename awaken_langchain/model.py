@@ -281,7 +281,8 @@ class RecoveringChatModel(BaseChatModel):
     model: BaseChatModel | Runnable[Any, Any]
     """The chat model whose turns are recovered: a chat model, or a configurable one
     (``init_chat_model(configurable_fields=...)``), resolved per call from the
-    call's config."""
+    call's config. A configurable model with no default model
+    (``init_chat_model(temperature=0)``) answers calls whose config names one."""
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     """Attempts before output, continuations after output, backoff and deadline."""
     fallbacks: tuple[BaseChatModel, ...] = ()
