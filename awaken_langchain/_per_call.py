@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
 
-from langchain_core.language_models import LanguageModelInput
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.runnables import Runnable, RunnableConfig
-
-if TYPE_CHECKING:
-    from awaken_langchain.model import RecoveringChatModel
 
 __all__ = ["BoundPerCall"]
 
 
 class BoundPerCall(Runnable[LanguageModelInput, Any]):
-    """``wrapper.<method>(*args, **kwargs)``, built for the model each call's config picks.
+    """``<wrapper>.<method>(*args, **kwargs)``, built for the model each call's config picks.
 
     A configurable inner model (``init_chat_model(configurable_fields=...)``) is
     a different chat model class from call to call, and each class binds tools
@@ -23,7 +20,8 @@ class BoundPerCall(Runnable[LanguageModelInput, Any]):
     the wrapper around the model that call resolves to, as ``invoke`` resolves it.
 
     Args:
-        wrapper: The recovering model around the configurable one.
+        wrapper_for: The recovering model around the chat model a call's config
+            resolves to.
         method: ``"bind_tools"`` or ``"with_structured_output"``.
         args: Positional arguments of the method.
         kwargs: Keyword arguments of the method.
@@ -31,22 +29,21 @@ class BoundPerCall(Runnable[LanguageModelInput, Any]):
 
     def __init__(
         self,
-        wrapper: RecoveringChatModel,
+        wrapper_for: Callable[[RunnableConfig | None], BaseChatModel],
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> None:
-        self.wrapper = wrapper
+        self.wrapper_for = wrapper_for
         self.method = method
         self.args = args
         self.kwargs = kwargs
 
     def bound(self, config: RunnableConfig | None = None) -> Runnable[LanguageModelInput, Any]:
         """The binding on the wrapper around the model ``config`` resolves to."""
-        concrete = self.wrapper.model_copy(update={"model": self.wrapper._inner(config)})
-        runnable: Runnable[LanguageModelInput, Any] = getattr(concrete, self.method)(
-            *self.args, **self.kwargs
-        )
+        runnable: Runnable[LanguageModelInput, Any] = getattr(
+            self.wrapper_for(config), self.method
+        )(*self.args, **self.kwargs)
         return runnable
 
     def invoke(

@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
-import inspect
 import uuid
 from collections.abc import (
     AsyncGenerator,
@@ -28,7 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
+from langchain_core.language_models import (
+    BaseChatModel,
+    LangSmithParams,
+    LanguageModelInput,
+    ModelProfile,
+)
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call_chunk
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -46,7 +50,12 @@ from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore,
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.events import Report, Reporter, share_tracer
-from awaken_langchain.fallback import FallbackModel, call_kwargs_for, resolve_fallbacks
+from awaken_langchain.fallback import (
+    FallbackModel,
+    call_kwargs_for,
+    resolve_fallbacks,
+    takes_stream_usage,
+)
 from awaken_langchain.history import last_kept_checkpoint_key
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
@@ -159,19 +168,23 @@ class _CallStream:
             await turn.aclose()
 
 
-@functools.cache
-def _streams_usage_on_request(cls: type[BaseChatModel]) -> bool:
-    """Whether ``cls._stream`` takes ``stream_usage`` (ChatOpenAI, ChatAnthropic do)."""
-    for klass in cls.__mro__:  # a subclass may pass ``*args, **kwargs`` on to its base
-        method = klass.__dict__.get("_stream")
-        if method is None:
-            continue
-        try:
-            if "stream_usage" in inspect.signature(method).parameters:
-                return True
-        except (TypeError, ValueError):
-            return False
-    return False
+def _config_in_effect() -> RunnableConfig | None:
+    """The config of the call in progress, set by the public entry point."""
+    ctx = _CALL.get()
+    return ctx.config if ctx is not None else None
+
+
+def _names_a_model(model: Any, config: RunnableConfig | None) -> bool:
+    """Whether ``init_chat_model``'s configurable ``model`` names its model with ``config``.
+
+    It names it by default (``init_chat_model("openai:gpt-4o", configurable_fields=...)``)
+    or in the config's ``configurable``. Another configurable runnable is taken to.
+    """
+    default = getattr(model, "_default_config", None)
+    params = getattr(model, "_model_params", None)
+    if not isinstance(default, dict) or not callable(params):
+        return True
+    return bool({**default, **params(config)}.get("model"))
 
 
 def _open_run(
@@ -268,7 +281,8 @@ class RecoveringChatModel(BaseChatModel):
     model: BaseChatModel | Runnable[Any, Any]
     """The chat model whose turns are recovered: a chat model, or a configurable one
     (``init_chat_model(configurable_fields=...)``), resolved per call from the
-    call's config."""
+    call's config. A configurable model with no default model
+    (``init_chat_model(temperature=0)``) answers calls whose config names one."""
     retry_policy: RetryPolicy = Field(default_factory=RetryPolicy)
     """Attempts before output, continuations after output, backoff and deadline."""
     fallbacks: tuple[BaseChatModel, ...] = ()
@@ -284,9 +298,11 @@ class RecoveringChatModel(BaseChatModel):
     ``overload_deadline`` counted from when it takes over); ``deadline`` bounds
     the whole turn. Permanent errors are raised without trying a fallback. A
     fallback of another chat model class gets the call's tools bound with its own
-    ``bind_tools``; a request whose answer must be one JSON document (structured
-    output, JSON mode, forced tool choice) moves only to fallbacks of the
-    primary's class, which take its arguments as they are."""
+    ``bind_tools``, and none of the call's other arguments but ``stop`` and
+    ``stream_usage`` (the rest are the primary provider's own); a request whose
+    answer must be one JSON document (structured output, JSON mode, forced tool
+    choice) moves only to fallbacks of the primary's class, which take its
+    arguments as they are."""
     store: StreamCheckpointStore | None = Field(default=None, exclude=True)
     """Where the in-flight turn is checkpointed; ``None`` recovers in-process only."""
     checkpoint_every_chunks: int = Field(default=8, ge=1)
@@ -380,7 +396,9 @@ class RecoveringChatModel(BaseChatModel):
                 f"(init_chat_model(configurable_fields=...)), not {type(self.model).__name__}"
             )
         if "output_version" not in self.model_fields_set:
-            self.output_version = getattr(self._inner(), "output_version", None)
+            known = self._known_inner()  # none yet: a configurable model no default names
+            if known is not None:
+                self.output_version = getattr(known, "output_version", None)
         if self.provider_resume and isinstance(self.model, BaseChatModel):
             problem = provider_resume_problem(self.model)
             if problem is not None:
@@ -392,11 +410,14 @@ class RecoveringChatModel(BaseChatModel):
         """Trace the turn as the inner model's run: its callbacks, tags and metadata.
 
         The wrapper calls the inner model's ``_stream``, so the inner model starts no
-        run of its own: what it would have put on its run goes on the wrapper's.
+        run of its own: what it would have put on its run goes on the wrapper's, and
+        the inner model's cache answers the wrapper's calls.
         """
         inner = self.model
         if not isinstance(inner, BaseChatModel):
             return self
+        if self.cache is None and inner.cache is not None:
+            self.cache = inner.cache
         if inner.callbacks:
             own = self.callbacks
             if own is None:
@@ -420,15 +441,18 @@ class RecoveringChatModel(BaseChatModel):
         return self
 
     def _inner(self, config: RunnableConfig | None = None) -> BaseChatModel:
-        """The chat model that answers a call with ``config``.
+        """The chat model that answers a call with ``config`` (default: the call in progress).
 
         Raises:
             TypeError: If a configurable model resolves to something else (tools
-                bound on the configurable model: bind them on the wrapper).
+                bound on the configurable model: bind them on the wrapper), or
+                names no model (as the configurable model itself raises).
         """
         model = self.model
         if isinstance(model, BaseChatModel):
             return model
+        if config is None:
+            config = _config_in_effect()
         resolved = getattr(model, "_model")(config)  # noqa: B009 - init_chat_model's resolver
         if not isinstance(resolved, BaseChatModel):
             raise TypeError(
@@ -437,11 +461,25 @@ class RecoveringChatModel(BaseChatModel):
             )
         return resolved
 
+    def _known_inner(self) -> BaseChatModel | None:
+        """`_inner` where nothing may name the model.
+
+        ``None`` for a configurable model with no default model
+        (``init_chat_model(temperature=0)``) outside a call whose config names one.
+        """
+        model = self.model
+        if isinstance(model, BaseChatModel):
+            return model
+        config = _config_in_effect()
+        return self._inner(config) if _names_a_model(model, config) else None
+
     # -- LangChain identity --------------------------------------------------------------
 
     @property
     def _llm_type(self) -> str:
-        return f"awaken-{self._inner()._llm_type}"  # callbacks skip the wrapper's own runs by it
+        inner = self._known_inner()
+        inner_type = inner._llm_type if inner is not None else "configurable"
+        return f"awaken-{inner_type}"  # callbacks skip the wrapper's own runs by it
 
     @property
     def model_name(self) -> str | None:
@@ -451,28 +489,34 @@ class RecoveringChatModel(BaseChatModel):
         (``model_name``, else ``model``): the wrapper's ``model`` is the inner
         model itself, so the name is answered here.
         """
-        name = self._inner()._get_ls_params().get("ls_model_name")
+        inner = self._known_inner()
+        name = inner._get_ls_params().get("ls_model_name") if inner is not None else None
         return str(name) if name else None
 
     def _resolve_model_profile(self) -> ModelProfile | None:
-        return self._inner().profile
+        inner = self._known_inner()
+        return inner.profile if inner is not None else None
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
         """The inner model's parameters, where tracers read them, and the wrapper's own."""
-        inner = self._inner()
+        inner = self._known_inner()
         awaken: dict[str, Any] = {
-            "inner_llm_type": inner._llm_type,
+            "inner_llm_type": inner._llm_type if inner is not None else "configurable",
             "max_attempts": self.retry_policy.max_attempts,
             "max_continuations": self.retry_policy.max_continuations,
         }
         if self.fallbacks:
             awaken["fallbacks"] = [self._model_id(m) for m in self.fallbacks]
-        return {**inner._identifying_params, "awaken": awaken}
+        own = inner._identifying_params if inner is not None else {}
+        return {**own, "awaken": awaken}
 
     @override
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> Any:
-        return self._inner()._get_ls_params(stop=stop, **kwargs)
+        inner = self._known_inner()
+        if inner is None:
+            return LangSmithParams(ls_model_type="chat", **({"ls_stop": stop} if stop else {}))
+        return inner._get_ls_params(stop=stop, **kwargs)
 
     def _model_id(
         self, inner: BaseChatModel | None = None, params: Mapping[str, Any] | None = None
@@ -590,7 +634,7 @@ class RecoveringChatModel(BaseChatModel):
         if tool_choice is not None:
             kwargs["tool_choice"] = tool_choice
         if not isinstance(self.model, BaseChatModel):  # configurable: bound at each call
-            return BoundPerCall(self, "bind_tools", (tools,), kwargs)
+            return BoundPerCall(self._wrapper_for, "bind_tools", (tools,), kwargs)
         bound = self._bindable().bind_tools(tools, **kwargs)
         return cast(Runnable[LanguageModelInput, AIMessage], self._rebind(bound))
 
@@ -601,11 +645,15 @@ class RecoveringChatModel(BaseChatModel):
         """Structured output as the inner model builds it, with this wrapper in the chain."""
         if not isinstance(self.model, BaseChatModel):  # configurable: built at each call
             kwargs["include_raw"] = include_raw
-            return BoundPerCall(self, "with_structured_output", (schema,), kwargs)
+            return BoundPerCall(self._wrapper_for, "with_structured_output", (schema,), kwargs)
         runnable = self._bindable().with_structured_output(
             schema, include_raw=include_raw, **kwargs
         )
         return cast(Runnable[LanguageModelInput, Any], self._rebind(runnable))
+
+    def _wrapper_for(self, config: RunnableConfig | None) -> RecoveringChatModel:
+        """This wrapper around the chat model a call with ``config`` resolves to."""
+        return self.model_copy(update={"model": self._inner(config)})
 
     def _bindable(self) -> BaseChatModel:
         return self._inner()
@@ -723,7 +771,7 @@ class RecoveringChatModel(BaseChatModel):
 
     def _usage_kwargs(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> dict[str, Any]:
         """``kwargs`` asking the inner model to stream usage, when it has the setting."""
-        if "stream_usage" in kwargs or not _streams_usage_on_request(type(inner)):
+        if "stream_usage" in kwargs or not takes_stream_usage(type(inner)):
             return kwargs
         responses = getattr(inner, "_use_responses_api", None)
         settings = {**kwargs, **(getattr(inner, "model_kwargs", None) or {})}

@@ -906,12 +906,12 @@ async def test_tools_bound_for_openai_are_bound_for_anthropic_with_the_same_choi
 
     openai, anthropic = chat_model(OPENAI, server), chat_model(ANTHROPIC, server)
     bound = openai.bind_tools([transfer], tool_choice="auto", parallel_tool_calls=False)
-    kwargs = {**bound.kwargs, "stop": ["END"]}  # type: ignore[attr-defined]
+    kwargs = {**bound.kwargs, "logprobs": True}  # type: ignore[attr-defined]
     moved = call_kwargs_for(openai, anthropic, kwargs)
     assert [t["name"] for t in moved["tools"]] == ["transfer"]
     assert moved["tools"][0]["input_schema"]["required"] == ["to", "amount"]
     assert moved["tool_choice"] == {"type": "auto", "disable_parallel_tool_use": True}
-    assert moved["stop"] == ["END"]  # other arguments pass on unchanged
+    assert "logprobs" not in moved  # OpenAI's own argument stays with OpenAI
     back = call_kwargs_for(anthropic, openai, moved)
     assert back["tools"][0]["function"]["name"] == "transfer"
     assert back["tool_choice"] == "auto"
@@ -999,3 +999,141 @@ async def test_connections_that_keep_dropping_move_the_turn_to_the_fallback(
     assert [i["kind"] for i in message.response_metadata["awaken"]["interruptions"]] == [
         "connection"
     ] * 3
+
+
+# -- the arguments a fallback of another class gets ------------------------------------------
+
+PROVIDER_ONLY = {
+    # OpenAI Chat Completions' own: the Anthropic SDK refuses them
+    OPENAI: {"logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}},
+    # Anthropic's own: the OpenAI SDK refuses them
+    ANTHROPIC: {"cache_control": {"type": "ephemeral"}, "top_k": 5},
+}
+
+
+@pytest.mark.parametrize("with_tools", [False, True], ids=["text", "tools"])
+async def test_a_fallback_of_another_class_gets_none_of_the_primarys_own_arguments(
+    pair: tuple[str, str], with_tools: bool, entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    server.enqueue(cut_answer(primary))
+    server.default = storm(primary, continuing())
+    model: Any = RecoveringChatModel(
+        model=chat_model(primary, server),
+        fallbacks=[chat_model(fallback, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    )
+    if with_tools:
+        model = model.bind_tools([transfer])
+    model = model.bind(**PROVIDER_ONLY[primary])
+
+    message, chunks = await call(model, entry, stop=["THE END"])
+
+    assert _text_of(message.content) == ANSWER
+    if chunks:
+        assert streamed_text(chunks) == ANSWER
+    first = to(primary)[0]
+    for name in PROVIDER_ONLY[primary]:  # the primary got them all
+        assert name in first.body
+    [request] = to(fallback)
+    for name in PROVIDER_ONLY[primary]:
+        assert name not in request.body
+    stop = request.body["stop"] if fallback == OPENAI else request.body["stop_sequences"]
+    assert stop == ["THE END"]  # portable arguments pass
+    if with_tools:
+        [tool] = request.body["tools"]
+        assert (tool["function"]["name"] if fallback == OPENAI else tool["name"]) == "transfer"
+
+
+async def test_a_fallback_of_the_primarys_class_gets_the_primarys_own_arguments(
+    server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    other = "gpt-4o"
+    server.enqueue(cut_answer(OPENAI))
+    server.default = storm(OPENAI, continuing())
+    model = RecoveringChatModel(
+        model=chat_model(OPENAI, server),
+        fallbacks=[loopback_client("openai", server, model=other)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    ).bind(**PROVIDER_ONLY[OPENAI])
+
+    message = await model.ainvoke("Tell me about the lighthouse")
+
+    assert message.content == ANSWER
+    [request] = [r for r in server.requests if r.body.get("model") == other]
+    assert request.body["logprobs"] is True
+    assert request.body["top_logprobs"] == 2
+
+
+async def test_an_agent_with_anthropic_prompt_caching_falls_back_to_openai(
+    entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    from langchain_anthropic.middleware import AnthropicPromptCachingMiddleware
+
+    server.enqueue(dataclasses.replace(TOOL_TURN, provider="anthropic"))
+    server.default = storm(ANTHROPIC, agent_responder)
+    weather = Weather()
+    agent = create_agent(
+        chat_model(ANTHROPIC, server),
+        weather.tools,
+        system_prompt="You report the weather.",
+        middleware=[
+            AnthropicPromptCachingMiddleware(unsupported_model_behavior="raise"),
+            StreamRecoveryMiddleware(
+                retry_policy=policy(sleeps, max_attempts=2), fallbacks=[chat_model(OPENAI, server)]
+            ),
+        ],
+    )
+
+    thread, _ = await run_agent(agent, entry)
+
+    assert [type(m).__name__ for m in thread] == [
+        "HumanMessage",
+        "AIMessage",
+        "ToolMessage",
+        "AIMessage",
+    ]
+    assert weather.calls == ["Paris"]
+    assert thread[3].text == ANSWER
+    first = to(ANTHROPIC)[0]
+    assert first.body["cache_control"] == {"type": "ephemeral", "ttl": "5m"}
+    [request] = to(OPENAI)  # the answer after the tool ran, on the fallback
+    assert "cache_control" not in request.body
+    [tool] = request.body["tools"]
+    assert tool["function"]["name"] == "weather"
+    assert "cache_control" not in json.dumps(request.body["tools"])
+    assert request.rejected_by is None
+
+
+# -- the shape of an answer a fallback finishes with a tool call ------------------------------
+
+
+async def test_an_answer_a_fallback_ends_with_a_tool_call_keeps_the_shape_it_began_with(
+    pair: tuple[str, str], entry: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    primary, fallback = pair
+    server.enqueue(cut_answer(primary))
+    call_tool = [ScriptedToolCall("transfer", ARGS, id="call_after_text")]
+    server.default = storm(primary, continuing(tool_calls=call_tool, chunk_size=4))
+    model = RecoveringChatModel(
+        model=chat_model(primary, server),
+        fallbacks=[chat_model(fallback, server)],
+        retry_policy=policy(sleeps, max_continuations=1),
+    ).bind_tools([transfer])
+
+    message, chunks = await call(model, entry)
+
+    assert [(c["id"], c["name"], c["args"]) for c in message.tool_calls] == [
+        ("call_after_text", "transfer", ARGS)
+    ]
+    assert message.invalid_tool_calls == []
+    if primary == OPENAI:  # began as a string: a string, as the bare model answers
+        assert message.content == ANSWER
+        assert all(isinstance(c.content, str) for c in chunks)
+    else:  # began as content blocks: text blocks only, the call is in tool_calls
+        assert isinstance(message.content, list)
+        assert _text_of(message.content) == ANSWER
+        assert all(isinstance(c.content, list) for c in chunks)
+    if chunks:
+        assert streamed_text(chunks) == ANSWER
+    assert len(to(fallback)) == 1
