@@ -1,10 +1,12 @@
 """Every Python example in README.md and docs/ runs, offline, against the loopback provider.
 
 Each ```python block is one test (its id is the file and line where the block
-starts) and runs in a fresh interpreter. Most examples point their clients at a
-`LoopbackProvider` themselves; for the ones written for the real APIs, the
-clients' environment variables (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL`` and
-dummy keys) point at a loopback provider started for the block. A block
+starts) and runs in a process of its own, forked from one interpreter that has
+imported LangChain and the SDKs already (``tests/example_runner.py``). Most
+examples point their clients at a `LoopbackProvider` themselves; for the ones
+written for the real APIs, the clients' environment variables
+(``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL`` and dummy keys) point at a
+loopback provider started for the block. A block
 preceded by an HTML comment ``<!-- not run: reason -->`` is only compiled: keep
 that for an example that truly needs a real key or service.
 """
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,9 +66,28 @@ def test_example_uses_no_deprecated_memory_classes(example: Example) -> None:
     assert not DEPRECATED_MEMORY.search(example.source), f"{example.path}:{example.line}"
 
 
+@pytest.fixture(scope="session")
+def example_runner() -> Iterator[subprocess.Popen[str]]:
+    runner = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "tests" / "example_runner.py")],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert runner.stdin is not None
+    assert runner.stdout is not None
+    assert json.loads(runner.stdout.readline()) == {"ready": True}
+    yield runner
+    runner.stdin.close()
+    runner.wait(timeout=30)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"{e.path}:{e.line}" for e in EXAMPLES])
-def test_example_runs(example: Example, tmp_path: Path) -> None:
+def test_example_runs(
+    example: Example, tmp_path: Path, example_runner: subprocess.Popen[str]
+) -> None:
     where = f"{example.path}:{example.line}"
     compile(example.source, where, "exec")
     if not example.runnable:
@@ -84,16 +107,13 @@ def test_example_runs(example: Example, tmp_path: Path) -> None:
             ANTHROPIC_API_URL=server.url,
             ANTHROPIC_API_KEY="x",
         )
-        done = subprocess.run(
-            [sys.executable, "-c", example.source],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    assert done.returncode == 0, f"{where}:\n{done.stderr}"
+        job = {"source": example.source, "where": where, "env": env, "cwd": str(tmp_path)}
+        assert example_runner.stdin is not None
+        assert example_runner.stdout is not None
+        example_runner.stdin.write(json.dumps({**job, "timeout": 120}) + "\n")
+        example_runner.stdin.flush()
+        done = json.loads(example_runner.stdout.readline())
+    assert done["status"] == 0, f"{where}:\n{done['output']}"
 
 
 REFERENCED_MODULES = (
