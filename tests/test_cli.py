@@ -588,7 +588,7 @@ def test_readme_quick_start_runs_against_the_provider_api(
         Scenario(text="Backpressure is a signal.", fault=Fault.drop_after_events(before_text + 3)),
         Scenario(text=" is a signal."),
     )
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/getting-started.md", "exec"), {})
     assert capsys.readouterr().out == "Backpressure is a signal."
     assert len(loopback_provider.requests) == 2  # the drop was continued
 
