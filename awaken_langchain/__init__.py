@@ -31,6 +31,7 @@ from awaken_langchain.stores import (
 )
 
 __version__ = "0.1.0"
+"""The package version, following Semantic Versioning; the package metadata reads it here."""
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

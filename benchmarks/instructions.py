@@ -1,7 +1,7 @@
 """Per-chunk overhead counted in instructions, the figure that does not move with the machine.
 
 CPU time on a shared machine swings by 10 % and more between runs minutes apart
-(section 1 of the README), so a change worth 2 % of a chunk cannot be seen in
+(docs/benchmarks.md), so a change worth 2 % of a chunk cannot be seen in
 it. Valgrind's ``cachegrind`` counts the instructions a process executes; this
 program runs one stream per process under it, at two lengths, and divides the
 difference by the difference in chunks: what each chunk costs, with the

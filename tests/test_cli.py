@@ -547,8 +547,8 @@ def test_redis_store_urls_are_opened_lazily(tmp_path: Path) -> None:
 # -- README ----------------------------------------------------------------------------------------
 
 
-def _readme_section(title: str) -> str:
-    text = (REPO_ROOT / "README.md").read_text()
+def _readme_section(title: str, page: str = "README.md") -> str:
+    text = (REPO_ROOT / page).read_text()
     start = text.index(f"## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else None]
@@ -576,9 +576,10 @@ def test_readme_quick_start_runs_against_the_provider_api(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    blocks = _readme_section("Quick start").split("```python\n")[1:]
+    blocks = _readme_section("Against the real APIs", "docs/getting-started.md")
+    blocks = blocks.split("```python\n")[1:]
     code = next(block.split("```")[0] for block in blocks if f"langchain_{provider}" in block)
-    assert len(code.strip().splitlines()) == 6  # five lines of code and a blank line
+    assert len(code.strip().splitlines()) == 7  # two imports, a blank line, four lines
     monkeypatch.setenv(f"{provider.upper()}_API_KEY", "test-key")
     url = loopback_provider.base_url_openai if provider == "openai" else loopback_provider.url
     monkeypatch.setenv(f"{provider.upper()}_BASE_URL", url)
@@ -587,7 +588,7 @@ def test_readme_quick_start_runs_against_the_provider_api(
         Scenario(text="Backpressure is a signal.", fault=Fault.drop_after_events(before_text + 3)),
         Scenario(text=" is a signal."),
     )
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/getting-started.md", "exec"), {})
     assert capsys.readouterr().out == "Backpressure is a signal."
     assert len(loopback_provider.requests) == 2  # the drop was continued
 

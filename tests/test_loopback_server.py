@@ -1147,9 +1147,9 @@ def test_module_docstring_example_runs(capsys: pytest.CaptureFixture[str]) -> No
     assert capsys.readouterr().out == "Hell <connection dropped>\n"
 
 
-def test_readme_testing_example_runs() -> None:
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## Testing your own recovery", 1)[1]
+def test_docs_testing_example_runs() -> None:
+    page = (REPO_ROOT / "docs" / "testing.md").read_text()
+    section = page.split("## The loopback provider", 1)[1]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(block, {})
 

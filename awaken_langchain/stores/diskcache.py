@@ -527,7 +527,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         signing_key: Key that signs every record this store writes and must
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
-            signing). See "Trust model" in the README.
+            signing). See "Trust model and signing" in docs/stores.md.
         read_only: Open an existing store for reading only.
 
     Raises:

@@ -35,7 +35,7 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         signing_key: Key that signs every record this store writes and must
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
-            signing). See "Trust model" in the README.
+            signing). See "Trust model and signing" in docs/stores.md.
     """
 
     answers_at_once: ClassVar[bool] = True

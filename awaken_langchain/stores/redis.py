@@ -308,7 +308,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         signing_key: Key that signs every record this store writes and must
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
-            signing). See "Trust model" in the README.
+            signing). See "Trust model and signing" in docs/stores.md.
         **connection_kwargs: Any other ``redis.Redis.from_url`` keyword, passed
             to the clients the store creates.
 
