@@ -50,6 +50,11 @@ __all__ = [
 
 logger = logging.getLogger("awaken_langchain")
 
+CANCEL_TIMEOUT = 2.0
+"""Seconds a turn that ends early waits for the provider to answer the cancel of its
+background response. The cancel is best effort: the response expires at the
+provider anyway."""
+
 _TERMINAL = ("response.completed", "response.incomplete")
 _FAILED = ("response.failed", "error")
 
@@ -344,12 +349,18 @@ class ProviderStream:
     # -- cancelling ----------------------------------------------------------------------
 
     def cancel(self, inner: BaseChatModel) -> str | None:
-        """Cancel the running response (best effort); return its id when a cancel was sent."""
+        """Cancel the running response (best effort); return its id when a cancel was sent.
+
+        The caller waits at most `CANCEL_TIMEOUT` seconds for the provider's
+        answer, with no retry: a turn that is over never waits on the SDK's
+        own timeout (600 s by default) for a call whose outcome changes nothing.
+        """
         response_id = self._cancelling()
         if response_id is None:
             return None
         with contextlib.suppress(Exception):
-            getattr(inner, "root_client").responses.cancel(response_id)  # noqa: B009
+            client = getattr(inner, "root_client")  # noqa: B009
+            client.with_options(max_retries=0).responses.cancel(response_id, timeout=CANCEL_TIMEOUT)
         return response_id
 
     async def acancel(self, inner: BaseChatModel) -> str | None:
@@ -358,7 +369,10 @@ class ProviderStream:
         if response_id is None:
             return None
         with contextlib.suppress(Exception):
-            await getattr(inner, "root_async_client").responses.cancel(response_id)  # noqa: B009
+            client = getattr(inner, "root_async_client")  # noqa: B009
+            await client.with_options(max_retries=0).responses.cancel(
+                response_id, timeout=CANCEL_TIMEOUT
+            )
         return response_id
 
     def _cancelling(self) -> str | None:

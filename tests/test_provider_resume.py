@@ -387,6 +387,74 @@ async def test_finished_turn_cancels_nothing(drive: Drive) -> None:
     assert server.cancellations() == []
 
 
+SLOW_CANCEL = 20.0
+"""Seconds the provider holds its answer to a cancel in the slow-cancel tests."""
+CANCEL_BOUND = 0.3
+"""The cancel timeout those tests set (`_provider_resume.CANCEL_TIMEOUT`)."""
+
+
+@pytest.fixture
+def short_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from awaken_langchain import _provider_resume
+
+    monkeypatch.setattr(_provider_resume, "CANCEL_TIMEOUT", CANCEL_BOUND, raising=False)
+
+
+async def _abandon(drive: Drive, server: LoopbackProvider) -> None:
+    chunks = drive.iterate(wrapped(server), "Capital?")
+    await anext(chunks)
+    await chunks.aclose()
+
+
+async def _spend(drive: Drive, server: LoopbackProvider) -> None:
+    policy = dataclasses.replace(NO_WAIT, max_continuations=0)
+    with pytest.raises(StreamInterruptedError):
+        await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+
+
+@pytest.mark.usefixtures("short_cancel")
+@pytest.mark.parametrize("leave", [_abandon, _spend], ids=["abandoned", "spent-budget"])
+async def test_a_turn_that_ends_early_never_waits_long_for_a_slow_cancel(
+    drive: Drive, leave: Callable[[Drive, LoopbackProvider], Any]
+) -> None:
+    cut = after(FULL, "response.output_text.delta", 2)
+    scenario = dataclasses.replace(
+        FULL, delay=0.02, fault=Fault.drop_after_events(cut), cancel_delay=SLOW_CANCEL
+    )
+    with LoopbackProvider([scenario]) as server:
+        started = asyncio.get_running_loop().time()
+        await leave(drive, server)
+        seconds = asyncio.get_running_loop().time() - started
+        (cancel,) = server.cancellations()
+        assert cancel.path == "/v1/responses/resp_loopback_1/cancel"
+        kept = server.background_response("resp_loopback_1")
+        assert kept is not None
+        assert kept.status == "cancelled"  # the provider got the cancel all the same
+    assert seconds < CANCEL_BOUND + 3.0, seconds  # not the provider's SLOW_CANCEL
+
+
+@pytest.mark.usefixtures("short_cancel")
+async def test_a_cancelled_task_never_waits_long_for_a_slow_cancel() -> None:
+    paced = dataclasses.replace(FULL, delay=0.02, cancel_delay=SLOW_CANCEL)
+    with LoopbackProvider([paced]) as server:
+        model = wrapped(server)
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for _chunk in model.astream("Capital?"):
+                first.set()
+
+        task = asyncio.create_task(read())
+        await first.wait()
+        started = asyncio.get_running_loop().time()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seconds = asyncio.get_running_loop().time() - started
+        assert [r.path for r in server.cancellations()] == ["/v1/responses/resp_loopback_1/cancel"]
+    assert seconds < CANCEL_BOUND + 3.0, seconds
+
+
 # -- a replacement process --------------------------------------------------------------
 
 
