@@ -92,7 +92,10 @@ class TurnRequest:
     one_document: bool = False
     """The answer must be one JSON document: never continued as text."""
     release_key: str | None = None
-    """The kept checkpoint of the previous turn, which memory now holds."""
+    """The kept checkpoint of the previous turn, which memory now holds (as the input
+    history says: released only if `TurnEngine.releasable` confirms it)."""
+    release_message_id: str | None = None
+    """The id of the input history's assistant message that names ``release_key``."""
     model: Any = None
     """The chat model that answers (resolved from the call's config for a configurable one)."""
     fallbacks: tuple[FallbackModel, ...] = ()
@@ -597,6 +600,23 @@ class TurnEngine:
             "complete": complete,
             "keep_for": self.settings.keep_for if complete else None,
         }
+
+    def releasable(self, checkpoint: StreamCheckpoint | None) -> bool:
+        """Whether ``checkpoint``, read under ``release_key``, is the previous turn's to delete.
+
+        The input history is the caller's to write, so the key its last assistant
+        message names is not trusted: the record must be a finished turn's, kept
+        for that very message, and of this call's thread. An interrupted turn's
+        record, or another thread's, is never deleted on the say-so of the input.
+        """
+        request = self.request
+        return (
+            checkpoint is not None
+            and checkpoint.complete
+            and request.release_message_id is not None
+            and checkpoint.message_id == request.release_message_id
+            and checkpoint.thread_id == request.thread_id
+        )
 
     def store_unavailable(self, exc: StreamCheckpointError) -> list[Report]:
         """The store failed when the turn opened: the turn goes on without checkpoints."""

@@ -55,6 +55,7 @@ __all__ = [
     "arelease_committed",
     "commit_turn",
     "kept_checkpoint_key",
+    "last_kept_checkpoint",
     "last_kept_checkpoint_key",
     "prepare_turn",
     "release_committed",
@@ -78,9 +79,21 @@ def kept_checkpoint_key(message: BaseMessage) -> str | None:
 
 def last_kept_checkpoint_key(messages: Sequence[BaseMessage]) -> str | None:
     """The kept checkpoint key of the last assistant message in ``messages``."""
+    last = last_kept_checkpoint(messages)
+    return None if last is None else last[0]
+
+
+def last_kept_checkpoint(messages: Sequence[BaseMessage]) -> tuple[str, str | None] | None:
+    """The kept checkpoint key and the message id of the last assistant message in ``messages``.
+
+    Both are only what the messages say: the record under the key is released
+    only if it is the complete record of that message (see
+    ``TurnEngine.releasable``).
+    """
     for message in reversed(messages):
         if isinstance(message, AIMessage):
-            return kept_checkpoint_key(message)
+            key = kept_checkpoint_key(message)
+            return None if key is None else (key, message.id)
     return None
 
 
