@@ -180,8 +180,6 @@ class TurnEngine:
         self.left_running: list[tuple[ProviderStream, Any]] = []
         """Background responses of models the turn moved away from (with their model),
         still running at the provider until cancelled."""
-        self._adopted: TurnAccumulator | None = None
-        """The checkpoint's accumulator, kept while the turn is rebuilt from the provider."""
         self.cadence = CheckpointCadence(
             every_chunks=settings.every_chunks,
             every_seconds=settings.every_seconds,
@@ -247,16 +245,17 @@ class TurnEngine:
             self.done = True
             resumed_as = "complete"
         elif self.provider is not None and checkpoint.provider_response_id:
-            # the provider still has the response: rebuild the turn from its events
+            # the provider still has the response: its stream goes on after the last
+            # event the record holds, exactly where the record's text stops
             self.provider.adopt(
-                checkpoint.provider_response_id, checkpoint.provider_sequence_number
+                checkpoint.provider_response_id,
+                checkpoint.provider_sequence_number,
+                has_reasoning=any(
+                    b.block.get("type") == "reasoning" for b in checkpoint.completed_blocks
+                ),
             )
-            self._adopted = self.acc
-            self.acc = TurnAccumulator(
-                self.acc.message_id,
-                hold_text=self.request.one_document,
-                standard_blocks=self.settings.standard_blocks,
-            )
+            self.acc.begin_attempt(continuing=self._text_open(), exact=True)
+            self.acc.discarded_chars = 0  # a cut-off call is read again, not generated again
             self.plans.append(PROVIDER_RESUME)
             resumed_as = PROVIDER_RESUME
         else:
@@ -278,6 +277,20 @@ class TurnEngine:
             "tool_calls": len(checkpoint.completed_tool_calls),
         }
         return Step(chunks=_wrap(out), reports=[Report(RecoveryEvent.RESUME, data)])
+
+    def _text_open(self) -> bool:
+        """Whether the adopted turn ends in text its provider may still add to.
+
+        A Responses text block is closed by its ``output_text.done`` event, which
+        gives the block its item ``id``; text after it begins a block of its own.
+        """
+        if not self.acc.blocks:
+            return bool(self.acc.text)
+        prefix = self.acc.content_prefix()
+        last = prefix[-1] if prefix else None
+        return isinstance(last, str) or (
+            isinstance(last, dict) and last.get("type") == "text" and "id" not in last
+        )
 
     @property
     def model_ids(self) -> tuple[str, ...]:
@@ -377,8 +390,11 @@ class TurnEngine:
         if self.reshape is not None:
             generation = reshaped_chunk(generation, blocks=self.reshape)
         out = self.acc.feed(generation)
-        if self.provider is not None and not self.provider.fed(generation):
-            return [], False  # rebuilt from events the checkpoint already showed
+        provider = self.provider
+        if provider is not None:
+            provider.fed(generation)
+            if self.acc.settled:
+                provider.settle()
         return out, self.checkpointing and self.cadence.observe()
 
     def check_complete(self) -> None:
@@ -404,8 +420,6 @@ class TurnEngine:
             exc = StreamEndedEarlyError(chunks_received=self.acc.chunks_in_attempt)
         provider, gone = self.provider, isinstance(exc, ProviderStreamGoneError)
         if provider is not None and gone:  # continue by prompt instead
-            if provider.replaying and self._adopted is not None:
-                self.acc = self._adopted
             provider.forget(whole_turn=False)
         resuming = provider is not None and provider.resumable
         text = self.acc.text
@@ -570,8 +584,6 @@ class TurnEngine:
         """The checkpoint to write now, or ``None`` when nothing changed since the last."""
         if not self.checkpointing or not self.cadence.dirty:
             return None
-        if self.provider is not None and self.provider.replaying:
-            return None  # the stored checkpoint holds more than the rebuild so far
         self.cadence.written()
         return self.acc.capture(**self._fields())
 
@@ -585,7 +597,7 @@ class TurnEngine:
         whole = provider is not None and provider.whole_turn and provider.response_id is not None
         return {
             "provider_response_id": provider.response_id if whole and provider else None,
-            "provider_sequence_number": provider.sequence_number if whole and provider else None,
+            "provider_sequence_number": provider.settled if whole and provider else None,
             "run_id": self.key,
             "thread_id": self.request.thread_id,
             "model": self.model_id,

@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -458,9 +459,16 @@ async def test_a_cancelled_task_never_waits_long_for_a_slow_cancel() -> None:
 # -- a replacement process --------------------------------------------------------------
 
 
-def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens: int) -> str:
+def kill_mid_turn(
+    server: LoopbackProvider,
+    directory: Path,
+    run_id: str,
+    tokens: int,
+    ready: Callable[[StreamCheckpoint], bool] | None = None,
+) -> str:
     """Run the worker until it has streamed ``tokens`` chunks and checkpointed a response
-    id, then SIGKILL it; return the text it had shown."""
+    id (and, if given, until its checkpoint is ``ready``), then SIGKILL it; return the
+    text it had shown."""
     context = multiprocessing.get_context("spawn")
     conn, child_end = context.Pipe()
     process = context.Process(
@@ -473,7 +481,7 @@ def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens
     shown = []
     store = DiskCacheStreamCheckpointStore(directory)
     try:
-        while True:
+        while tokens:
             assert conn.poll(30), "the worker sent nothing for 30 s"
             event = conn.recv()
             assert event["event"] == "token", "the worker finished before it was killed"
@@ -482,6 +490,11 @@ def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens
                 saved = store.get(run_id)
                 if saved is not None and saved.provider_response_id and saved.partial_text:
                     break
+        while ready is not None:
+            saved = store.get(run_id)
+            if saved is not None and ready(saved):
+                break
+            assert process.is_alive(), "the worker finished before its checkpoint was ready"
         os.kill(process.pid or 0, signal.SIGKILL)
         process.join(30)
         assert process.exitcode == -signal.SIGKILL
@@ -496,18 +509,50 @@ def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "checkpoints"
 
 
-async def test_killed_worker_is_finished_by_a_fresh_process_without_a_new_generation(
-    drive: Drive, store_dir: Path
+def _mid_text(_saved: StreamCheckpoint) -> bool:
+    return True
+
+
+def _mid_call(saved: StreamCheckpoint) -> bool:
+    call = saved.in_flight_tool_call
+    return call is not None and len(call.partial_args) > 5
+
+
+def _mid_reasoning(server: LoopbackProvider, delay: float) -> Callable[[StreamCheckpoint], bool]:
+    """Ready once the provider has generated the reasoning summary's third delta."""
+    generated = after(FULL, "response.reasoning_summary_text.delta", 3)
+
+    def ready(saved: StreamCheckpoint) -> bool:
+        kept = server.background_response(saved.provider_response_id or "")
+        return kept is not None and time.monotonic() > kept.started + (generated + 1) * delay
+
+    return ready
+
+
+@pytest.mark.parametrize("where", ["mid-text", "mid-tool-call", "mid-reasoning"])
+async def test_killed_worker_is_finished_by_a_fresh_process_resuming_after_the_checkpoint(
+    drive: Drive, store_dir: Path, where: str
 ) -> None:
     run_id = str(uuid.uuid4())
-    paced = dataclasses.replace(FULL, delay=0.04)
+    delay = 0.04
+    paced = dataclasses.replace(FULL, delay=delay)
     with LoopbackProvider([paced]) as server:
-        shown = kill_mid_turn(server, store_dir, run_id, tokens=12)
-        assert shown
-        assert TEXT.startswith(shown)
+        if where == "mid-reasoning":
+            shown = kill_mid_turn(
+                server, store_dir, run_id, tokens=0, ready=_mid_reasoning(server, delay)
+            )
+            assert shown == ""  # a reasoning item is shown whole
+        else:
+            ready = _mid_text if where == "mid-text" else _mid_call
+            shown = kill_mid_turn(server, store_dir, run_id, tokens=12, ready=ready)
+            assert shown
+            assert TEXT.startswith(shown)
         store = DiskCacheStreamCheckpointStore(store_dir)
         saved = store.get(run_id)
         assert saved is not None
+        assert saved.provider_sequence_number is not None
+        if where == "mid-reasoning":  # killed before the reasoning item was whole
+            assert saved.completed_blocks == ()
         model = wrapped(server, store=store)
         chunks = await drive.stream(
             model, provider_resume_child.QUESTION, config={"run_id": uuid.UUID(run_id)}
@@ -515,9 +560,10 @@ async def test_killed_worker_is_finished_by_a_fresh_process_without_a_new_genera
         store.close()
     assert server.errors == []
     assert len(server.requests_for("openai-responses")) == 1  # zero new generations
-    assert [starting_after(r) for r in server.retrievals()] == [None]  # read again, not rerun
+    # the stream goes on after the checkpoint's last event: nothing before it is read again
+    assert [starting_after(r) for r in server.retrievals()] == [saved.provider_sequence_number]
     assert server.cancellations() == []
-    assert_lossless(chunks, paced)
+    assert_lossless(chunks, paced)  # no repeated and no missing text, block or call
     awaken = merge(chunks).response_metadata["awaken"]
     assert awaken["resumed"] is True
     assert awaken["plans"] == ["provider_resume"]
