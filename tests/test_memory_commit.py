@@ -41,7 +41,12 @@ from awaken_langchain import (
 )
 from awaken_langchain.checkpoint import checkpoint_from_dict
 from awaken_langchain.errors import StreamCheckpointWarning, StreamInterruptedError
-from awaken_langchain.history import acommit_turn, commit_turn, release_committed
+from awaken_langchain.history import (
+    acommit_turn,
+    arelease_committed,
+    commit_turn,
+    release_committed,
+)
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.retry import RetryPolicy
@@ -642,6 +647,34 @@ async def test_an_input_history_cannot_delete_another_threads_kept_turn(
     own = {"configurable": {"thread_id": "thread-a"}}
     assert (await drive.invoke(mine, ["question", answer, "next"], config=own)).content == "Next."
     assert store.get(key) is None
+
+
+async def test_committing_or_releasing_a_hostile_history_deletes_no_other_turns_checkpoint(
+    tmp_path: Path, store: DiskCacheStreamCheckpointStore
+) -> None:
+    run_id = uuid.uuid4()
+    first, _ = model(store, [*text("The first half "), reset()], retry_policy=GIVE_UP)
+    with pytest.raises(StreamInterruptedError):
+        first.invoke("question", config={"run_id": run_id})
+    interrupted = store.get(str(run_id))
+    assert interrupted is not None
+    kept_id = uuid.uuid4()
+    other, _ = model(store, [*text("Kept."), finish()], keep_until_committed=True)
+    answer = other.invoke("other question", config={"run_id": kept_id})
+    kept = store.get(str(kept_id))
+    assert kept is not None
+
+    history = SQLiteHistory(tmp_path / "chat.sqlite", "s1")
+    for forged in (hostile(str(run_id)), hostile(str(kept_id))):  # not the kept message's id
+        release_committed(forged, store)
+        await arelease_committed(forged, store)
+        commit_turn(history, forged[:2], store=store)
+        await acommit_turn(history, forged[:2], store=store)
+    assert store.get(str(run_id)) == interrupted
+    assert store.get(str(kept_id)) == kept
+
+    release_committed([HumanMessage("other question"), answer], store)  # its own message
+    assert store.get(str(kept_id)) is None
 
 
 @pytest.mark.filterwarnings("ignore::langchain_core._api.deprecation.LangChainDeprecationWarning")
