@@ -177,6 +177,8 @@ class TurnEngine:
         self.kept = False
         self.provider = ProviderStream() if settings.provider_resume else None
         """The turn's background response at the provider, with provider resume."""
+        self._reread = 0
+        """Characters of output a replacement process reads again from the provider."""
         self.left_running: list[tuple[ProviderStream, Any]] = []
         """Background responses of models the turn moved away from (with their model),
         still running at the provider until cancelled."""
@@ -255,7 +257,8 @@ class TurnEngine:
                 ),
             )
             self.acc.begin_attempt(continuing=self._text_open(), exact=True)
-            self.acc.discarded_chars = 0  # a cut-off call is read again, not generated again
+            # a call the record holds cut off is read again, not generated again
+            self._reread, self.acc.discarded_chars = self.acc.discarded_chars, 0
             self.plans.append(PROVIDER_RESUME)
             resumed_as = PROVIDER_RESUME
         else:
@@ -421,6 +424,8 @@ class TurnEngine:
         provider, gone = self.provider, isinstance(exc, ProviderStreamGoneError)
         if provider is not None and gone:  # continue by prompt instead
             provider.forget(whole_turn=False)
+            self.acc.discarded_chars += self._reread  # generated again after all
+            self._reread = 0
         resuming = provider is not None and provider.resumable
         text = self.acc.text
         plan = self._plan(
