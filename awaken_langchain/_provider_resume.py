@@ -21,10 +21,12 @@ and the same module's ``_handle_openai_bad_request``/``_handle_openai_api_error`
 (so errors are raised as ``ChatOpenAI`` raises them).
 
 A replacement process (after a crash) knows the response id and the sequence
-number of the last event the checkpoint holds. It reads the response's events
-again from the first (the provider replays them; nothing is generated) to
-rebuild the exact state of blocks and tool calls still arriving, and shows the
-caller only the events after that number.
+number of the last event whose output the checkpoint holds whole: the last
+event after which no tool call or other block was still arriving (text still
+arriving counts as held: the record has it up to that event). It shows the
+checkpoint's turn, then resumes the provider's stream after that number
+(``starting_after``): a tool call or block that was cut off in the record is
+read again whole from its first event, and nothing before it is read again.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger("awaken_langchain")
+
+CANCEL_TIMEOUT = 2.0
+"""Seconds a turn that ends early waits for the provider to answer the cancel of its
+background response. The cancel is best effort: the response expires at the
+provider anyway."""
 
 _TERMINAL = ("response.completed", "response.incomplete")
 _FAILED = ("response.failed", "error")
@@ -149,16 +156,21 @@ class ProviderStream:
     response_id: str | None = None
     whole_turn: bool = True
     """The response holds the whole turn (no continuation came before it), so a
-    replacement process can rebuild the turn from the response alone."""
-    replay_until: int | None = None
-    """Rebuilding in a replacement process: events up to this number are fed
-    silently (the checkpoint already showed them)."""
+    replacement process can finish the turn from the response alone."""
     delivered: _Position = field(default_factory=_Position)
+    settled: int | None = None
+    """The number of the last event after which the turn held nothing half-arrived
+    but text (no tool call or other block still arriving, nothing held back): a
+    checkpoint written now holds the output of every event up to it, and a
+    replacement process resumes the stream after it."""
     resumes: int = 0
     """Streams resumed at the provider in this turn."""
     terminal: bool = False
     """The response's terminal event was read."""
     _resuming: bool = False
+    _adopted: bool = False
+    """The response was adopted from a checkpoint and its stream not read yet: its first
+    chunk carries the response id, as the ``response.created`` event read before did."""
     _pending: collections.deque[tuple[ChatGenerationChunk, _Position]] = field(
         default_factory=collections.deque
     )
@@ -175,39 +187,41 @@ class ProviderStream:
         """The number of the last event whose output the caller holds."""
         return self.delivered.sequence_number
 
-    def adopt(self, response_id: str, sequence_number: int | None) -> None:
-        """Resume a response a previous process created (from its checkpoint)."""
+    def adopt(
+        self, response_id: str, sequence_number: int | None, *, has_reasoning: bool = False
+    ) -> None:
+        """Resume a response a previous process created, after the checkpoint's last event.
+
+        The stream goes on in a fresh converter position: the turn engine takes
+        what follows as an exact continuation of the checkpoint's turn (the
+        block numbers of the new events are its own).
+        """
         self.response_id = response_id
-        self.replay_until = sequence_number
-        self.delivered = _Position()
+        self.delivered = _Position(sequence_number=sequence_number, has_reasoning=has_reasoning)
+        self.settled = sequence_number
+        self._adopted = sequence_number is not None
 
     def forget(self, *, whole_turn: bool) -> None:
         """The response is gone (or never was): the next request creates a new one."""
         self.response_id = None
         self.whole_turn = whole_turn
-        self.replay_until = None
         self.delivered = _Position()
+        self.settled = None
+        self._adopted = False
         self.terminal = False
         self._pending.clear()
 
-    def fed(self, generation: ChatGenerationChunk) -> bool:
-        """The engine took ``generation``; return whether it is to be shown to the caller."""
+    def fed(self, generation: ChatGenerationChunk) -> None:
+        """The engine took ``generation``: the caller holds the output of its event."""
         while self._pending:
             chunk, position = self._pending.popleft()
             self.delivered = position
             if chunk is generation:
                 break
-        until, seq = self.replay_until, self.delivered.sequence_number
-        if until is None:
-            return True
-        if seq is not None and seq >= until:
-            self.replay_until = None  # rebuilt: what follows is new to the caller
-        return seq is None or seq > until
 
-    @property
-    def replaying(self) -> bool:
-        """Whether the turn is still rebuilt from events the checkpoint showed."""
-        return self.replay_until is not None
+    def settle(self) -> None:
+        """The turn holds nothing half-arrived but text now (see `settled`)."""
+        self.settled = self.delivered.sequence_number
 
     # -- reading -------------------------------------------------------------------------
 
@@ -255,6 +269,12 @@ class ProviderStream:
             item_output_indices=tuple(indices.items()),
         )
         if chunk is not None:
+            if self._adopted:
+                self._adopted = False
+                chunk.message.response_metadata = {
+                    "id": self.response_id,
+                    **chunk.message.response_metadata,
+                }
             self._pending.append((chunk, after))
         return after, chunk
 
@@ -344,12 +364,18 @@ class ProviderStream:
     # -- cancelling ----------------------------------------------------------------------
 
     def cancel(self, inner: BaseChatModel) -> str | None:
-        """Cancel the running response (best effort); return its id when a cancel was sent."""
+        """Cancel the running response (best effort); return its id when a cancel was sent.
+
+        The caller waits at most `CANCEL_TIMEOUT` seconds for the provider's
+        answer, with no retry: a turn that is over never waits on the SDK's
+        own timeout (600 s by default) for a call whose outcome changes nothing.
+        """
         response_id = self._cancelling()
         if response_id is None:
             return None
         with contextlib.suppress(Exception):
-            getattr(inner, "root_client").responses.cancel(response_id)  # noqa: B009
+            client = getattr(inner, "root_client")  # noqa: B009
+            client.with_options(max_retries=0).responses.cancel(response_id, timeout=CANCEL_TIMEOUT)
         return response_id
 
     async def acancel(self, inner: BaseChatModel) -> str | None:
@@ -358,7 +384,10 @@ class ProviderStream:
         if response_id is None:
             return None
         with contextlib.suppress(Exception):
-            await getattr(inner, "root_async_client").responses.cancel(response_id)  # noqa: B009
+            client = getattr(inner, "root_async_client")  # noqa: B009
+            await client.with_options(max_retries=0).responses.cancel(
+                response_id, timeout=CANCEL_TIMEOUT
+            )
         return response_id
 
     def _cancelling(self) -> str | None:

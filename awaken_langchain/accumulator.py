@@ -464,8 +464,13 @@ class TurnAccumulator:
 
     # -- attempts -------------------------------------------------------------------
 
-    def begin_attempt(self, *, continuing: bool) -> None:
-        """Start a new request; a continuation de-duplicates its seam."""
+    def begin_attempt(self, *, continuing: bool, exact: bool = False) -> None:
+        """Start a new request; a continuation de-duplicates its seam.
+
+        ``exact``: the attempt goes on exactly where the text stopped (the
+        provider's own stream, resumed after its last delivered event), so
+        nothing at the seam is a repeat.
+        """
         for call in self._open.values():
             self.discarded_chars += call.size
         for block in self._pending.values():
@@ -523,7 +528,7 @@ class TurnAccumulator:
         self.emitted_in_attempt = 0
         if self._seam is not None:
             self._removed_at_seams += self._seam.removed_chars
-        self._seam = SeamFilter(self.text) if continuing and self.text else None
+        self._seam = SeamFilter(self.text) if continuing and self.text and not exact else None
 
     def feed(self, generation: ChatGenerationChunk) -> list[AIMessageChunk]:
         """Take one chunk of the inner model and return the chunks to yield.
@@ -974,6 +979,22 @@ class TurnAccumulator:
         self._held.append(block)
         if not self.hold_text and self._visible:
             self._release_held(out)
+
+    @property
+    def settled(self) -> bool:
+        """Whether all output received is released.
+
+        Nothing is held back, and no tool call or other block is still arriving
+        (text may be: what came of it is released).
+        """
+        return not (
+            self._open
+            or self._pending
+            or self._reasoning is not None
+            or self._held
+            or self._held_kwargs
+            or self.seam_pending
+        )
 
     @property
     def block_in_flight(self) -> bool:

@@ -203,8 +203,10 @@ class StreamCheckpoint(BaseModel):
     continuing by prompt. ``None`` without provider resume, or once the turn was
     continued by prompt."""
     provider_sequence_number: int | None = Field(default=None, ge=0)
-    """The ``sequence_number`` of the last provider event the record holds the output of;
-    ``None`` when none arrived yet."""
+    """The ``sequence_number`` of the last provider event the record holds the whole
+    output of: the last one after which no tool call or other block was still arriving
+    (text still arriving is held up to it). A replacement process resumes the
+    provider's stream after it. ``None`` when none arrived yet."""
 
     @field_validator("run_id", mode="before")
     @classmethod

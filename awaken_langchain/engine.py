@@ -92,7 +92,10 @@ class TurnRequest:
     one_document: bool = False
     """The answer must be one JSON document: never continued as text."""
     release_key: str | None = None
-    """The kept checkpoint of the previous turn, which memory now holds."""
+    """The kept checkpoint of the previous turn, which memory now holds (as the input
+    history says: released only if `TurnEngine.releasable` confirms it)."""
+    release_message_id: str | None = None
+    """The id of the input history's assistant message that names ``release_key``."""
     model: Any = None
     """The chat model that answers (resolved from the call's config for a configurable one)."""
     fallbacks: tuple[FallbackModel, ...] = ()
@@ -174,11 +177,11 @@ class TurnEngine:
         self.kept = False
         self.provider = ProviderStream() if settings.provider_resume else None
         """The turn's background response at the provider, with provider resume."""
+        self._reread = 0
+        """Characters of output a replacement process reads again from the provider."""
         self.left_running: list[tuple[ProviderStream, Any]] = []
         """Background responses of models the turn moved away from (with their model),
         still running at the provider until cancelled."""
-        self._adopted: TurnAccumulator | None = None
-        """The checkpoint's accumulator, kept while the turn is rebuilt from the provider."""
         self.cadence = CheckpointCadence(
             every_chunks=settings.every_chunks,
             every_seconds=settings.every_seconds,
@@ -244,16 +247,18 @@ class TurnEngine:
             self.done = True
             resumed_as = "complete"
         elif self.provider is not None and checkpoint.provider_response_id:
-            # the provider still has the response: rebuild the turn from its events
+            # the provider still has the response: its stream goes on after the last
+            # event the record holds, exactly where the record's text stops
             self.provider.adopt(
-                checkpoint.provider_response_id, checkpoint.provider_sequence_number
+                checkpoint.provider_response_id,
+                checkpoint.provider_sequence_number,
+                has_reasoning=any(
+                    b.block.get("type") == "reasoning" for b in checkpoint.completed_blocks
+                ),
             )
-            self._adopted = self.acc
-            self.acc = TurnAccumulator(
-                self.acc.message_id,
-                hold_text=self.request.one_document,
-                standard_blocks=self.settings.standard_blocks,
-            )
+            self.acc.begin_attempt(continuing=self._text_open(), exact=True)
+            # a call the record holds cut off is read again, not generated again
+            self._reread, self.acc.discarded_chars = self.acc.discarded_chars, 0
             self.plans.append(PROVIDER_RESUME)
             resumed_as = PROVIDER_RESUME
         else:
@@ -275,6 +280,20 @@ class TurnEngine:
             "tool_calls": len(checkpoint.completed_tool_calls),
         }
         return Step(chunks=_wrap(out), reports=[Report(RecoveryEvent.RESUME, data)])
+
+    def _text_open(self) -> bool:
+        """Whether the adopted turn ends in text its provider may still add to.
+
+        A Responses text block is closed by its ``output_text.done`` event, which
+        gives the block its item ``id``; text after it begins a block of its own.
+        """
+        if not self.acc.blocks:
+            return bool(self.acc.text)
+        prefix = self.acc.content_prefix()
+        last = prefix[-1] if prefix else None
+        return isinstance(last, str) or (
+            isinstance(last, dict) and last.get("type") == "text" and "id" not in last
+        )
 
     @property
     def model_ids(self) -> tuple[str, ...]:
@@ -374,8 +393,11 @@ class TurnEngine:
         if self.reshape is not None:
             generation = reshaped_chunk(generation, blocks=self.reshape)
         out = self.acc.feed(generation)
-        if self.provider is not None and not self.provider.fed(generation):
-            return [], False  # rebuilt from events the checkpoint already showed
+        provider = self.provider
+        if provider is not None:
+            provider.fed(generation)
+            if self.acc.settled:
+                provider.settle()
         return out, self.checkpointing and self.cadence.observe()
 
     def check_complete(self) -> None:
@@ -401,9 +423,9 @@ class TurnEngine:
             exc = StreamEndedEarlyError(chunks_received=self.acc.chunks_in_attempt)
         provider, gone = self.provider, isinstance(exc, ProviderStreamGoneError)
         if provider is not None and gone:  # continue by prompt instead
-            if provider.replaying and self._adopted is not None:
-                self.acc = self._adopted
             provider.forget(whole_turn=False)
+            self.acc.discarded_chars += self._reread  # generated again after all
+            self._reread = 0
         resuming = provider is not None and provider.resumable
         text = self.acc.text
         plan = self._plan(
@@ -567,8 +589,6 @@ class TurnEngine:
         """The checkpoint to write now, or ``None`` when nothing changed since the last."""
         if not self.checkpointing or not self.cadence.dirty:
             return None
-        if self.provider is not None and self.provider.replaying:
-            return None  # the stored checkpoint holds more than the rebuild so far
         self.cadence.written()
         return self.acc.capture(**self._fields())
 
@@ -582,7 +602,7 @@ class TurnEngine:
         whole = provider is not None and provider.whole_turn and provider.response_id is not None
         return {
             "provider_response_id": provider.response_id if whole and provider else None,
-            "provider_sequence_number": provider.sequence_number if whole and provider else None,
+            "provider_sequence_number": provider.settled if whole and provider else None,
             "run_id": self.key,
             "thread_id": self.request.thread_id,
             "model": self.model_id,
@@ -597,6 +617,23 @@ class TurnEngine:
             "complete": complete,
             "keep_for": self.settings.keep_for if complete else None,
         }
+
+    def releasable(self, checkpoint: StreamCheckpoint | None) -> bool:
+        """Whether ``checkpoint``, read under ``release_key``, is the previous turn's to delete.
+
+        The input history is the caller's to write, so the key its last assistant
+        message names is not trusted: the record must be a finished turn's, kept
+        for that very message, and of this call's thread. An interrupted turn's
+        record, or another thread's, is never deleted on the say-so of the input.
+        """
+        request = self.request
+        return (
+            checkpoint is not None
+            and checkpoint.complete
+            and request.release_message_id is not None
+            and checkpoint.message_id == request.release_message_id
+            and checkpoint.thread_id == request.thread_id
+        )
 
     def store_unavailable(self, exc: StreamCheckpointError) -> list[Report]:
         """The store failed when the turn opened: the turn goes on without checkpoints."""

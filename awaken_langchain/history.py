@@ -32,6 +32,7 @@ crash must never cost a request.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from langchain_core.messages import (
@@ -48,13 +49,14 @@ from awaken_langchain.events import store_failure
 if TYPE_CHECKING:
     from langchain_core.chat_history import BaseChatMessageHistory
 
-    from awaken_langchain.checkpoint import StreamCheckpointStore
+    from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 
 __all__ = [
     "acommit_turn",
     "arelease_committed",
     "commit_turn",
     "kept_checkpoint_key",
+    "last_kept_checkpoint",
     "last_kept_checkpoint_key",
     "prepare_turn",
     "release_committed",
@@ -78,9 +80,21 @@ def kept_checkpoint_key(message: BaseMessage) -> str | None:
 
 def last_kept_checkpoint_key(messages: Sequence[BaseMessage]) -> str | None:
     """The kept checkpoint key of the last assistant message in ``messages``."""
+    last = last_kept_checkpoint(messages)
+    return None if last is None else last[0]
+
+
+def last_kept_checkpoint(messages: Sequence[BaseMessage]) -> tuple[str, str | None] | None:
+    """The kept checkpoint key and the message id of the last assistant message in ``messages``.
+
+    Both are only what the messages say: the record under the key is released
+    only if it is the complete record of that message (see
+    ``TurnEngine.releasable``).
+    """
     for message in reversed(messages):
         if isinstance(message, AIMessage):
-            return kept_checkpoint_key(message)
+            key = kept_checkpoint_key(message)
+            return None if key is None else (key, message.id)
     return None
 
 
@@ -90,18 +104,19 @@ def release_committed(messages: Sequence[BaseMessage], store: StreamCheckpointSt
     Call it with the messages memory now holds (for example
     ``graph.get_state(config).values["messages"]`` after a graph run) to release
     the last turn's checkpoint without waiting for the thread's next model call.
-    A failed deletion warns and leaves the committed turn valid.
+    A failed deletion warns and leaves the committed turn valid. Only the
+    complete record kept for that very message is deleted (see `_Release`).
     """
-    key = last_kept_checkpoint_key(messages)
-    if key is not None:
-        _delete(store, key)
+    last = last_kept_checkpoint(messages)
+    if last is not None:
+        _delete(store, _Release(*last))
 
 
 async def arelease_committed(messages: Sequence[BaseMessage], store: StreamCheckpointStore) -> None:
     """Async twin of :func:`release_committed`."""
-    key = last_kept_checkpoint_key(messages)
-    if key is not None:
-        await _adelete(store, key)
+    last = last_kept_checkpoint(messages)
+    if last is not None:
+        await _adelete(store, _Release(*last))
 
 
 def commit_turn(
@@ -212,23 +227,54 @@ def prepare_turn(messages: Sequence[BaseMessage]) -> list[BaseMessage]:
     ]
 
 
-def _released_keys(turn: Sequence[BaseMessage], key: str | None) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _Release:
+    """A checkpoint a committed turn releases, and the message that names it.
+
+    A key read from a message is only what the message says (messages may come
+    from a client): the record is deleted only if it is complete and was kept
+    for that message (same id), with the record's epoch, so a newer owner of the
+    run fences the delete. A key the caller passes itself is deleted as given.
+    """
+
+    key: str
+    message_id: str | None = None
+    trusted: bool = False
+
+    def deletable(self, kept: StreamCheckpoint) -> bool:
+        """Whether ``kept``, read under the key, is the named message's finished turn."""
+        return kept.complete and self.message_id is not None and kept.message_id == self.message_id
+
+
+def _released_keys(turn: Sequence[BaseMessage], key: str | None) -> list[_Release]:
     """The checkpoints a committed turn releases: its kept ones, and ``key``."""
-    keys = [k for k in map(kept_checkpoint_key, turn) if k is not None]
+    releases: dict[str, _Release] = {}
+    for message in turn:
+        kept = kept_checkpoint_key(message)
+        if kept is not None:
+            releases.setdefault(kept, _Release(kept, message.id))
     if key is not None:
-        keys.append(key)
-    return list(dict.fromkeys(keys))
+        releases[key] = _Release(key, trusted=True)
+    return list(releases.values())
 
 
-def _delete(store: StreamCheckpointStore, key: str) -> None:
+def _delete(store: StreamCheckpointStore, release: _Release) -> None:
+    key = release.key
     try:
-        store.delete(key)
+        if release.trusted:
+            store.delete(key)
+        elif (kept := store.get(key)) is not None and release.deletable(kept):
+            store.delete(key, epoch=kept.epoch)
     except StreamCheckpointError as exc:
         store_failure(key, f"could not delete the committed turn's checkpoint {key!r}", exc).log()
 
 
-async def _adelete(store: StreamCheckpointStore, key: str) -> None:
+async def _adelete(store: StreamCheckpointStore, release: _Release) -> None:
+    key = release.key
     try:
-        await store.adelete(key)
+        if release.trusted:
+            await store.adelete(key)
+        elif (kept := await store.aget(key)) is not None and release.deletable(kept):
+            await store.adelete(key, epoch=kept.epoch)
     except StreamCheckpointError as exc:
         store_failure(key, f"could not delete the committed turn's checkpoint {key!r}", exc).log()

@@ -56,7 +56,7 @@ from awaken_langchain.fallback import (
     resolve_fallbacks,
     takes_stream_usage,
 )
-from awaken_langchain.history import last_kept_checkpoint_key
+from awaken_langchain.history import last_kept_checkpoint
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.request import (
     CallCounter,
@@ -193,9 +193,11 @@ def _open_run(
     """Through the store's writer: release the committed turn, claim the run, read it."""
     released: StreamCheckpointError | None = None
     release = engine.request.release_key
-    if release is not None:  # memory holds the previous turn now
+    if release is not None:  # memory holds the previous turn now, if the input says true
         try:
-            store.delete(release)
+            kept = store.get(release)
+            if kept is not None and engine.releasable(kept):
+                store.delete(release, epoch=kept.epoch)  # unless a new owner claimed it
         except StreamCheckpointError as exc:
             released = exc
     engine.claimed(store.claim(engine.key))
@@ -703,7 +705,7 @@ class RecoveringChatModel(BaseChatModel):
             key = call_key(ctx.base, fingerprint, occurrence)
         else:
             key = str(ctx.run_id)
-        release = last_kept_checkpoint_key(messages)
+        release, release_message_id = last_kept_checkpoint(messages) or (None, None)
         if release is not None and ctx.base is not None and release.startswith(f"{ctx.base}:"):
             release = None  # an earlier call of this task: memory commits it when the task ends
         keep = self.keep_until_committed
@@ -718,6 +720,7 @@ class RecoveringChatModel(BaseChatModel):
             keep=ctx.in_graph_memory if keep is None else keep,
             one_document=one_document_request(kwargs, settings),
             release_key=release,
+            release_message_id=release_message_id,
             model=inner,
         )
         if self.fallbacks:

@@ -484,7 +484,8 @@ def test_a_checkpoint_left_after_the_commit_is_released_by_the_threads_next_mode
     next_turn.finish()
 
     deleted = [e for e in next_turn.events if e["event"] in ("delete", "claim")]
-    assert deleted[0] == {"event": "delete", "run_id": kept.run_id, "epoch": None}
+    # released with the kept record's epoch: a newer owner of the run would fence it
+    assert deleted[0] == {"event": "delete", "run_id": kept.run_id, "epoch": kept.epoch}
     assert deleted[1]["event"] == "claim"
     assert deleted[1]["run_id"] != kept.run_id
     assert world.requests() == [FRESH, [*FRESH, ("assistant", ANSWER), ("user", follow_up)]]

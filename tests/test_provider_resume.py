@@ -14,6 +14,7 @@ import json
 import multiprocessing
 import os
 import signal
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -387,12 +388,87 @@ async def test_finished_turn_cancels_nothing(drive: Drive) -> None:
     assert server.cancellations() == []
 
 
+SLOW_CANCEL = 20.0
+"""Seconds the provider holds its answer to a cancel in the slow-cancel tests."""
+CANCEL_BOUND = 0.3
+"""The cancel timeout those tests set (`_provider_resume.CANCEL_TIMEOUT`)."""
+
+
+@pytest.fixture
+def short_cancel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from awaken_langchain import _provider_resume
+
+    monkeypatch.setattr(_provider_resume, "CANCEL_TIMEOUT", CANCEL_BOUND, raising=False)
+
+
+async def _abandon(drive: Drive, server: LoopbackProvider) -> None:
+    chunks = drive.iterate(wrapped(server), "Capital?")
+    await anext(chunks)
+    await chunks.aclose()
+
+
+async def _spend(drive: Drive, server: LoopbackProvider) -> None:
+    policy = dataclasses.replace(NO_WAIT, max_continuations=0)
+    with pytest.raises(StreamInterruptedError):
+        await drive.stream(wrapped(server, retry_policy=policy), "Capital?")
+
+
+@pytest.mark.usefixtures("short_cancel")
+@pytest.mark.parametrize("leave", [_abandon, _spend], ids=["abandoned", "spent-budget"])
+async def test_a_turn_that_ends_early_never_waits_long_for_a_slow_cancel(
+    drive: Drive, leave: Callable[[Drive, LoopbackProvider], Any]
+) -> None:
+    cut = after(FULL, "response.output_text.delta", 2)
+    scenario = dataclasses.replace(
+        FULL, delay=0.02, fault=Fault.drop_after_events(cut), cancel_delay=SLOW_CANCEL
+    )
+    with LoopbackProvider([scenario]) as server:
+        started = asyncio.get_running_loop().time()
+        await leave(drive, server)
+        seconds = asyncio.get_running_loop().time() - started
+        (cancel,) = server.cancellations()
+        assert cancel.path == "/v1/responses/resp_loopback_1/cancel"
+        kept = server.background_response("resp_loopback_1")
+        assert kept is not None
+        assert kept.status == "cancelled"  # the provider got the cancel all the same
+    assert seconds < CANCEL_BOUND + 3.0, seconds  # not the provider's SLOW_CANCEL
+
+
+@pytest.mark.usefixtures("short_cancel")
+async def test_a_cancelled_task_never_waits_long_for_a_slow_cancel() -> None:
+    paced = dataclasses.replace(FULL, delay=0.02, cancel_delay=SLOW_CANCEL)
+    with LoopbackProvider([paced]) as server:
+        model = wrapped(server)
+        first = asyncio.Event()
+
+        async def read() -> None:
+            async for _chunk in model.astream("Capital?"):
+                first.set()
+
+        task = asyncio.create_task(read())
+        await first.wait()
+        started = asyncio.get_running_loop().time()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        seconds = asyncio.get_running_loop().time() - started
+        assert [r.path for r in server.cancellations()] == ["/v1/responses/resp_loopback_1/cancel"]
+    assert seconds < CANCEL_BOUND + 3.0, seconds
+
+
 # -- a replacement process --------------------------------------------------------------
 
 
-def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens: int) -> str:
+def kill_mid_turn(
+    server: LoopbackProvider,
+    directory: Path,
+    run_id: str,
+    tokens: int,
+    ready: Callable[[StreamCheckpoint], bool] | None = None,
+) -> str:
     """Run the worker until it has streamed ``tokens`` chunks and checkpointed a response
-    id, then SIGKILL it; return the text it had shown."""
+    id (and, if given, until its checkpoint is ``ready``), then SIGKILL it; return the
+    text it had shown."""
     context = multiprocessing.get_context("spawn")
     conn, child_end = context.Pipe()
     process = context.Process(
@@ -405,7 +481,7 @@ def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens
     shown = []
     store = DiskCacheStreamCheckpointStore(directory)
     try:
-        while True:
+        while tokens:
             assert conn.poll(30), "the worker sent nothing for 30 s"
             event = conn.recv()
             assert event["event"] == "token", "the worker finished before it was killed"
@@ -414,6 +490,11 @@ def kill_mid_turn(server: LoopbackProvider, directory: Path, run_id: str, tokens
                 saved = store.get(run_id)
                 if saved is not None and saved.provider_response_id and saved.partial_text:
                     break
+        while ready is not None:
+            saved = store.get(run_id)
+            if saved is not None and ready(saved):
+                break
+            assert process.is_alive(), "the worker finished before its checkpoint was ready"
         os.kill(process.pid or 0, signal.SIGKILL)
         process.join(30)
         assert process.exitcode == -signal.SIGKILL
@@ -428,18 +509,50 @@ def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "checkpoints"
 
 
-async def test_killed_worker_is_finished_by_a_fresh_process_without_a_new_generation(
-    drive: Drive, store_dir: Path
+def _mid_text(_saved: StreamCheckpoint) -> bool:
+    return True
+
+
+def _mid_call(saved: StreamCheckpoint) -> bool:
+    call = saved.in_flight_tool_call
+    return call is not None and len(call.partial_args) > 5
+
+
+def _mid_reasoning(server: LoopbackProvider, delay: float) -> Callable[[StreamCheckpoint], bool]:
+    """Ready once the provider has generated the reasoning summary's third delta."""
+    generated = after(FULL, "response.reasoning_summary_text.delta", 3)
+
+    def ready(saved: StreamCheckpoint) -> bool:
+        kept = server.background_response(saved.provider_response_id or "")
+        return kept is not None and time.monotonic() > kept.started + (generated + 1) * delay
+
+    return ready
+
+
+@pytest.mark.parametrize("where", ["mid-text", "mid-tool-call", "mid-reasoning"])
+async def test_killed_worker_is_finished_by_a_fresh_process_resuming_after_the_checkpoint(
+    drive: Drive, store_dir: Path, where: str
 ) -> None:
     run_id = str(uuid.uuid4())
-    paced = dataclasses.replace(FULL, delay=0.04)
+    delay = 0.04
+    paced = dataclasses.replace(FULL, delay=delay)
     with LoopbackProvider([paced]) as server:
-        shown = kill_mid_turn(server, store_dir, run_id, tokens=12)
-        assert shown
-        assert TEXT.startswith(shown)
+        if where == "mid-reasoning":
+            shown = kill_mid_turn(
+                server, store_dir, run_id, tokens=0, ready=_mid_reasoning(server, delay)
+            )
+            assert shown == ""  # a reasoning item is shown whole
+        else:
+            ready = _mid_text if where == "mid-text" else _mid_call
+            shown = kill_mid_turn(server, store_dir, run_id, tokens=12, ready=ready)
+            assert shown
+            assert TEXT.startswith(shown)
         store = DiskCacheStreamCheckpointStore(store_dir)
         saved = store.get(run_id)
         assert saved is not None
+        assert saved.provider_sequence_number is not None
+        if where == "mid-reasoning":  # killed before the reasoning item was whole
+            assert saved.completed_blocks == ()
         model = wrapped(server, store=store)
         chunks = await drive.stream(
             model, provider_resume_child.QUESTION, config={"run_id": uuid.UUID(run_id)}
@@ -447,9 +560,10 @@ async def test_killed_worker_is_finished_by_a_fresh_process_without_a_new_genera
         store.close()
     assert server.errors == []
     assert len(server.requests_for("openai-responses")) == 1  # zero new generations
-    assert [starting_after(r) for r in server.retrievals()] == [None]  # read again, not rerun
+    # the stream goes on after the checkpoint's last event: nothing before it is read again
+    assert [starting_after(r) for r in server.retrievals()] == [saved.provider_sequence_number]
     assert server.cancellations() == []
-    assert_lossless(chunks, paced)
+    assert_lossless(chunks, paced)  # no repeated and no missing text, block or call
     awaken = merge(chunks).response_metadata["awaken"]
     assert awaken["resumed"] is True
     assert awaken["plans"] == ["provider_resume"]

@@ -568,6 +568,11 @@ class Scenario:
             in order; the first retrieval gets the first fault, and retrievals past
             the end of the list get none. ``drop_after_events`` counts the events
             of the resumed stream; ``http_error`` answers the retrieval with an error.
+        cancel_delay: Responses API background mode only: seconds the server
+            holds its answer to a cancel of this response
+            (``POST /v1/responses/{id}/cancel``) before answering, a provider
+            slow to cancel (interrupted on shutdown). The response is cancelled
+            when the request arrives.
     """
 
     text: str | Sequence[str] = ""
@@ -586,12 +591,15 @@ class Scenario:
     name: str | None = None
     text_breaks: Sequence[int] = ()
     resume_faults: Sequence[Fault] = ()
+    cancel_delay: float = 0.0
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1:
             raise ValueError(f"Scenario chunk_size must be >= 1, got {self.chunk_size}")
         if self.delay < 0:
             raise ValueError(f"Scenario delay must be >= 0, got {self.delay}")
+        if self.cancel_delay < 0:
+            raise ValueError(f"Scenario cancel_delay must be >= 0, got {self.cancel_delay}")
         if self.provider is not None and self.provider not in PROVIDERS:
             raise ValueError(
                 f"Scenario provider must be one of {PROVIDERS} or None, got {self.provider!r}"

@@ -1066,6 +1066,8 @@ class _Handler(BaseHTTPRequestHandler):
         if action == "cancel":
             if kept.status == "in_progress":
                 kept.status = "cancelled"
+            if not self._pause(kept.scenario.cancel_delay, request.number):
+                return  # the client gave up waiting, or the server stops
             self._send_json(200, self._state(kept), "openai-responses", headers)
             return
         params = parse_qs(query)
