@@ -44,8 +44,14 @@ INTERRUPTED_TOOL_CALL_ERROR = (
     "This tool call was interrupted mid-stream: its arguments were cut off, so it "
     "was not executed. Re-issue the call if it is still needed."
 )
+MAX_ARGS_DEPTH = 200
+"""How deeply a tool call's arguments may nest (objects and arrays) to be released.
+
+A checkpoint must hold a released call exactly, and the serializer that writes
+it stops some 250 levels down; real tool schemas nest a few levels."""
 MALFORMED_TOOL_CALL_ERROR = (
-    "This tool call's arguments were not a complete JSON object, so it was not "
+    "This tool call's arguments were not a complete JSON object (standard JSON: no "
+    f"NaN or Infinity, nested at most {MAX_ARGS_DEPTH} levels), so it was not "
     "executed. Re-issue the call with valid JSON arguments if it is still needed."
 )
 
@@ -207,15 +213,46 @@ def streamed_invalid_args(raw: str) -> str:
     return INVALID_ARGS_MARKER + raw if repairable(raw) else raw
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
+"""Python's JSON decoder without its extensions: ``NaN``, ``Infinity`` and
+``-Infinity`` are not JSON (RFC 8259), and a checkpoint (standard JSON) could
+not hold them, so a call whose arguments hold them is not complete."""
+
+
+def _nests_within(value: Any, limit: int) -> bool:
+    """Whether ``value``'s objects and arrays nest at most ``limit`` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
 def strict_args(raw: str) -> dict[str, Any] | None:
-    """Parse tool arguments strictly; ``None`` unless they are a whole JSON object."""
+    """Parse tool arguments strictly; ``None`` unless they are a whole, standard JSON object.
+
+    Standard JSON only (`_STRICT_JSON`), nested at most `MAX_ARGS_DEPTH`
+    levels: arguments a checkpoint could not hold exactly are never released,
+    so a call replayed from a checkpoint is the call that was released.
+    Arguments too deep for the parser itself (``RecursionError``) go to
+    ``invalid_tool_calls`` too, as the bare model reports them.
+    """
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = _STRICT_JSON.decode(raw)
+    except (ValueError, RecursionError):
         return None
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict) or not _nests_within(value, MAX_ARGS_DEPTH):
+        return None
+    return value
 
 
 _CALL_ITEM_IDS = "__openai_function_call_ids__"
