@@ -40,6 +40,7 @@ from typing_extensions import override
 from awaken_langchain._idle import Pump, with_idle_timeout
 from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
+from awaken_langchain._reasoning import reasons
 from awaken_langchain._rebind import replace_model, with_settings
 from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
@@ -63,8 +64,6 @@ _CHECKPOINTER = "__pregel_checkpointer"
 """Where LangGraph puts a graph's checkpointer in a task's ``configurable``."""
 _SCRATCHPAD = "__pregel_scratchpad"
 """LangGraph's per-task-execution object in a task's ``configurable``."""
-_REASONING_MARKERS = ("o1", "o3", "o4", "reasoning", "thinking", "r1")
-_REASONING_KWARGS = ("reasoning_effort", "reasoning", "thinking")
 _CALLS = CallCounter()
 """Numbers identical model calls within one LangGraph task execution."""
 
@@ -1086,21 +1085,9 @@ class RecoveringChatModel(BaseChatModel):
     def _idle_timeout(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> float | None:
         if self.reasoning_stream_idle_timeout == self.stream_idle_timeout:
             return self.stream_idle_timeout
-        if self._is_reasoning(inner, kwargs):
+        if reasons(inner, kwargs):
             return self.reasoning_stream_idle_timeout
         return self.stream_idle_timeout
-
-    def _is_reasoning(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> bool:
-        if any(kwargs.get(k) for k in _REASONING_KWARGS):
-            return True
-        settings = model_settings(inner)
-        if any(settings.get(k) for k in _REASONING_KWARGS):
-            return True
-        name = str(inner._get_ls_params().get("ls_model_name") or "").lower()
-        return any(
-            name.startswith(marker) or f"-{marker}" in name or marker in name.split("-")
-            for marker in _REASONING_MARKERS
-        ) or any(marker in name for marker in ("reasoning", "thinking"))
 
 
 RecoveringChatModel.model_rebuild()
