@@ -293,8 +293,25 @@ def _unsigned(block: Mapping[str, Any]) -> bool:
     return block.get("type") == "thinking" and not block.get("signature")
 
 
-def _size(block: Mapping[str, Any]) -> int:
-    return len(json.dumps(block, ensure_ascii=False, default=str))
+_WRITTEN_FIELDS = ("text", "thinking", "reasoning", "partial_json", "arguments", "args")
+"""The fields of a block that hold what the model wrote (text, thinking, tool arguments)."""
+
+
+def _written(block: Any) -> int:
+    """Characters of output a discarded block or piece held: what the model wrote.
+
+    Its framing (type, ids, indexes, a signature) is not output the model
+    writes again, so it is not counted as regenerated.
+    """
+    if isinstance(block, str):
+        return len(block)
+    if not isinstance(block, Mapping):
+        return 0
+    count = sum(len(v) for k in _WRITTEN_FIELDS if isinstance(v := block.get(k), str))
+    summary = block.get("summary")  # a Responses reasoning item's summary parts
+    if isinstance(summary, list):
+        count += sum(_written(part) for part in summary)
+    return count
 
 
 class DeferredCheckpoint:
@@ -503,19 +520,20 @@ class TurnAccumulator:
 
     def begin_attempt(self, *, continuing: bool) -> None:
         """Start a new request; a continuation de-duplicates its seam."""
+        open_ids = set()
         for call in self._open.values():
             self.discarded_chars += call.size
+            open_ids.add(call.id)
         for block in self._pending.values():
-            self.discarded_chars += _size(block)
+            if block.get("id") not in open_ids:  # a cut-off call's arguments count once
+                self.discarded_chars += _written(block)
         if self._reasoning is not None:
-            self.discarded_chars += _size(self._reasoning)
+            self.discarded_chars += _written(self._reasoning)
             self._reasoning = None
         if not continuing:
             self._held_kwargs = []
         if not continuing and self._held:  # a restart: what was held back is discarded
-            self.discarded_chars += sum(
-                len(p) if isinstance(p, str) else _size(p) for p in self._held
-            )
+            self.discarded_chars += sum(_written(p) for p in self._held)
             self._held = []
         if not continuing and not self._content and not self.text and not self.completed_blocks:
             # nothing was released: the answer takes the shape of the attempt that writes it
