@@ -38,6 +38,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from typing_extensions import override
 
 from awaken_langchain._idle import Pump, with_idle_timeout
+from awaken_langchain._parsed import aparsed_into, parsed_into, streamed_kwargs
 from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._reasoning import reasons
@@ -914,7 +915,10 @@ class RecoveringChatModel(BaseChatModel):
         if engine.provider is not None:
             source = engine.provider.stream(inner, messages, request.stop, request.kwargs)
         else:
-            source = inner._stream(messages, stop=request.stop, **request.kwargs)
+            kwargs, schema = streamed_kwargs(inner, request.kwargs)
+            source = inner._stream(messages, stop=request.stop, **kwargs)
+            if schema is not None:
+                source = parsed_into(source, schema)
         timeout = self._idle_timeout(inner, request.kwargs)
         return iter(Pump(source, timeout)) if timeout is not None else source
 
@@ -1077,7 +1081,10 @@ class RecoveringChatModel(BaseChatModel):
         if engine.provider is not None:
             source = engine.provider.astream(inner, messages, request.stop, request.kwargs)
         else:
-            source = inner._astream(messages, stop=request.stop, **request.kwargs)
+            kwargs, schema = streamed_kwargs(inner, request.kwargs)
+            source = inner._astream(messages, stop=request.stop, **kwargs)
+            if schema is not None:
+                source = aparsed_into(source, schema)
         return with_idle_timeout(source, self._idle_timeout(inner, request.kwargs))
 
     # -- helpers ----------------------------------------------------------------------------------
