@@ -38,8 +38,9 @@ def streamed_kwargs(
         return kwargs, None
     if not isinstance(model, BaseChatOpenAI):
         return kwargs, None
-    if model._use_responses_api({**model.model_kwargs, **kwargs}):  # the Responses API parses
-        return kwargs, None
+    responses = getattr(model, "_use_responses_api", None)
+    if not callable(responses) or responses({**model.model_kwargs, **kwargs}):
+        return kwargs, None  # the Responses API parses its own way; an unknown version is left be
     return {**kwargs, "response_format": type_to_response_format_param(schema)}, schema
 
 
