@@ -256,11 +256,13 @@ class Screen:
     def _event(self, name: str, data: Mapping[str, Any]) -> None:
         if name == "awaken_retry":
             status = data.get("status_code")
+            # a failure without an HTTP status (a dropped connection, a timeout) names its error
+            why = f"HTTP {status}" if status is not None else data.get("error") or "no response"
             hint = data.get("retry_after")
             hint_text = f", retry hint {hint:g} s" if isinstance(hint, int | float) else ""
             self.marker(
                 "⟳",
-                f"awaken_retry: {data.get('cause')} (HTTP {status}){hint_text}, before any "
+                f"awaken_retry: {data.get('cause')} ({why}){hint_text}, before any "
                 f"output; waited {data.get('delay', 0):.2f} s, sending the same request again",
                 "bold yellow",
             )

@@ -44,8 +44,14 @@ INTERRUPTED_TOOL_CALL_ERROR = (
     "This tool call was interrupted mid-stream: its arguments were cut off, so it "
     "was not executed. Re-issue the call if it is still needed."
 )
+MAX_ARGS_DEPTH = 200
+"""How deeply a tool call's arguments may nest (objects and arrays) to be released.
+
+A checkpoint must hold a released call exactly, and the serializer that writes
+it stops some 250 levels down; real tool schemas nest a few levels."""
 MALFORMED_TOOL_CALL_ERROR = (
-    "This tool call's arguments were not a complete JSON object, so it was not "
+    "This tool call's arguments were not a complete JSON object (standard JSON: no "
+    f"NaN or Infinity, nested at most {MAX_ARGS_DEPTH} levels), so it was not "
     "executed. Re-issue the call with valid JSON arguments if it is still needed."
 )
 
@@ -207,15 +213,46 @@ def streamed_invalid_args(raw: str) -> str:
     return INVALID_ARGS_MARKER + raw if repairable(raw) else raw
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+_STRICT_JSON = json.JSONDecoder(parse_constant=_not_json)
+"""Python's JSON decoder without its extensions: ``NaN``, ``Infinity`` and
+``-Infinity`` are not JSON (RFC 8259), and a checkpoint (standard JSON) could
+not hold them, so a call whose arguments hold them is not complete."""
+
+
+def _nests_within(value: Any, limit: int) -> bool:
+    """Whether ``value``'s objects and arrays nest at most ``limit`` levels (no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return False
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
 def strict_args(raw: str) -> dict[str, Any] | None:
-    """Parse tool arguments strictly; ``None`` unless they are a whole JSON object."""
+    """Parse tool arguments strictly; ``None`` unless they are a whole, standard JSON object.
+
+    Standard JSON only (`_STRICT_JSON`), nested at most `MAX_ARGS_DEPTH`
+    levels: arguments a checkpoint could not hold exactly are never released,
+    so a call replayed from a checkpoint is the call that was released.
+    Arguments too deep for the parser itself (``RecursionError``) go to
+    ``invalid_tool_calls`` too, as the bare model reports them.
+    """
     if not raw.strip():
         return {}
     try:
-        value = json.loads(raw)
-    except ValueError:
+        value = _STRICT_JSON.decode(raw)
+    except (ValueError, RecursionError):
         return None
-    return value if isinstance(value, dict) else None
+    if not isinstance(value, dict) or not _nests_within(value, MAX_ARGS_DEPTH):
+        return None
+    return value
 
 
 _CALL_ITEM_IDS = "__openai_function_call_ids__"
@@ -256,8 +293,25 @@ def _unsigned(block: Mapping[str, Any]) -> bool:
     return block.get("type") == "thinking" and not block.get("signature")
 
 
-def _size(block: Mapping[str, Any]) -> int:
-    return len(json.dumps(block, ensure_ascii=False, default=str))
+_WRITTEN_FIELDS = ("text", "thinking", "reasoning", "partial_json", "arguments", "args")
+"""The fields of a block that hold what the model wrote (text, thinking, tool arguments)."""
+
+
+def _written(block: Any) -> int:
+    """Characters of output a discarded block or piece held: what the model wrote.
+
+    Its framing (type, ids, indexes, a signature) is not output the model
+    writes again, so it is not counted as regenerated.
+    """
+    if isinstance(block, str):
+        return len(block)
+    if not isinstance(block, Mapping):
+        return 0
+    count = sum(len(v) for k in _WRITTEN_FIELDS if isinstance(v := block.get(k), str))
+    summary = block.get("summary")  # a Responses reasoning item's summary parts
+    if isinstance(summary, list):
+        count += sum(_written(part) for part in summary)
+    return count
 
 
 class DeferredCheckpoint:
@@ -471,19 +525,20 @@ class TurnAccumulator:
         provider's own stream, resumed after its last delivered event), so
         nothing at the seam is a repeat.
         """
+        open_ids = set()
         for call in self._open.values():
             self.discarded_chars += call.size
+            open_ids.add(call.id)
         for block in self._pending.values():
-            self.discarded_chars += _size(block)
+            if block.get("id") not in open_ids:  # a cut-off call's arguments count once
+                self.discarded_chars += _written(block)
         if self._reasoning is not None:
-            self.discarded_chars += _size(self._reasoning)
+            self.discarded_chars += _written(self._reasoning)
             self._reasoning = None
         if not continuing:
             self._held_kwargs = []
         if not continuing and self._held:  # a restart: what was held back is discarded
-            self.discarded_chars += sum(
-                len(p) if isinstance(p, str) else _size(p) for p in self._held
-            )
+            self.discarded_chars += sum(_written(p) for p in self._held)
             self._held = []
         if not continuing and not self._content and not self.text and not self.completed_blocks:
             # nothing was released: the answer takes the shape of the attempt that writes it

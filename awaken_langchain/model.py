@@ -42,8 +42,10 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from typing_extensions import override
 
 from awaken_langchain._idle import Pump, with_idle_timeout
+from awaken_langchain._parsed import aparsed_into, parsed_into, streamed_kwargs
 from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
+from awaken_langchain._reasoning import reasons
 from awaken_langchain._rebind import replace_model, with_settings
 from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
@@ -72,8 +74,6 @@ _CHECKPOINTER = "__pregel_checkpointer"
 """Where LangGraph puts a graph's checkpointer in a task's ``configurable``."""
 _SCRATCHPAD = "__pregel_scratchpad"
 """LangGraph's per-task-execution object in a task's ``configurable``."""
-_REASONING_MARKERS = ("o1", "o3", "o4", "reasoning", "thinking", "r1")
-_REASONING_KWARGS = ("reasoning_effort", "reasoning", "thinking")
 _CALLS = CallCounter()
 """Numbers identical model calls within one LangGraph task execution."""
 
@@ -966,7 +966,10 @@ class RecoveringChatModel(BaseChatModel):
         if engine.provider is not None:
             source = engine.provider.stream(inner, messages, request.stop, request.kwargs)
         else:
-            source = inner._stream(messages, stop=request.stop, **request.kwargs)
+            kwargs, schema = streamed_kwargs(inner, request.kwargs)
+            source = inner._stream(messages, stop=request.stop, **kwargs)
+            if schema is not None:
+                source = parsed_into(source, schema)
         timeout = self._idle_timeout(inner, request.kwargs)
         return iter(Pump(source, timeout)) if timeout is not None else source
 
@@ -1129,7 +1132,10 @@ class RecoveringChatModel(BaseChatModel):
         if engine.provider is not None:
             source = engine.provider.astream(inner, messages, request.stop, request.kwargs)
         else:
-            source = inner._astream(messages, stop=request.stop, **request.kwargs)
+            kwargs, schema = streamed_kwargs(inner, request.kwargs)
+            source = inner._astream(messages, stop=request.stop, **kwargs)
+            if schema is not None:
+                source = aparsed_into(source, schema)
         return with_idle_timeout(source, self._idle_timeout(inner, request.kwargs))
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -1137,21 +1143,9 @@ class RecoveringChatModel(BaseChatModel):
     def _idle_timeout(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> float | None:
         if self.reasoning_stream_idle_timeout == self.stream_idle_timeout:
             return self.stream_idle_timeout
-        if self._is_reasoning(inner, kwargs):
+        if reasons(inner, kwargs):
             return self.reasoning_stream_idle_timeout
         return self.stream_idle_timeout
-
-    def _is_reasoning(self, inner: BaseChatModel, kwargs: dict[str, Any]) -> bool:
-        if any(kwargs.get(k) for k in _REASONING_KWARGS):
-            return True
-        settings = model_settings(inner)
-        if any(settings.get(k) for k in _REASONING_KWARGS):
-            return True
-        name = str(inner._get_ls_params().get("ls_model_name") or "").lower()
-        return any(
-            name.startswith(marker) or f"-{marker}" in name or marker in name.split("-")
-            for marker in _REASONING_MARKERS
-        ) or any(marker in name for marker in ("reasoning", "thinking"))
 
 
 RecoveringChatModel.model_rebuild()

@@ -637,3 +637,42 @@ def test_chat_finishes_the_turn_a_killed_chat_process_left(
     assert "finishing it first" in out
     assert "awaken_resume" in out
     assert _memory(tmp_path, "t-killed") == [("human", "count to ten"), ("ai", answer)]
+
+
+@pytest.mark.parametrize(
+    ("fault", "shown"),
+    [
+        (
+            Fault.drop_before_headers(),
+            "awaken_retry: connection (OpenAIConnectionError: Connection error.)",
+        ),
+        (
+            Fault.rate_limited(retry_after=1),
+            "awaken_retry: rate_limited (HTTP 429), retry hint 1 s",
+        ),
+    ],
+    ids=["no-http-status", "http-status"],
+)
+def test_a_retry_names_its_http_status_or_else_its_error(
+    echo_server: LoopbackProvider,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: Fault,
+    shown: str,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    echo_server.enqueue(Scenario(fault=fault))
+    status, out = run(
+        "chat",
+        "--model",
+        "openai:gpt-4o-mini",
+        "--base-url",
+        echo_server.base_url_openai,
+        "--dir",
+        str(tmp_path),
+        stdin="hello\n",
+    )
+    assert status == 0, out
+    assert shown in out
+    assert "None" not in out
+    assert "You said: hello" in out

@@ -750,7 +750,9 @@ async def test_stalled_stream_is_resumed_at_the_provider_after_the_idle_timeout(
     bare = uncut(FULL)  # also builds the SDK's event models, whose first use is slow
     cut = after(FULL, "response.output_text.delta", 3)
     stalled = dataclasses.replace(FULL, fault=Fault.stall(30.0, after_events=cut))
-    chunks, server = await recovered(drive, stalled, stream_idle_timeout=2.0)
+    chunks, server = await recovered(  # gpt-5-mini reasons: its own idle timeout applies
+        drive, stalled, stream_idle_timeout=2.0, reasoning_stream_idle_timeout=2.0
+    )
     assert text_of(chunks) == text_of(bare)
     assert answer(merge(chunks)) == answer(merge(bare))
     assert len(server.requests_for("openai-responses")) == 1
