@@ -122,6 +122,8 @@ class CheckpointWriter:
         self._puts: dict[str, StreamCheckpoint | DeferredCheckpoint] = {}
         self._ops: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._failed: dict[str, StreamCheckpointError] = {}
+        self._runs: set[str] = set()
+        """Runs handed over and not yet forgotten: only their failures are kept."""
         self._busy_since: float | None = None
         self._thread: threading.Thread | None = None
         self._sleeping = False  # the writer waits for a notification, not on a timer
@@ -176,6 +178,7 @@ class CheckpointWriter:
         """
         run_id = checkpoint.run_id
         with self._cond:
+            self._runs.add(run_id)
             if self._here():
                 now = time.monotonic()
                 if now - self._written.get(run_id, -math.inf) >= self._gather:
@@ -290,8 +293,13 @@ class CheckpointWriter:
         return None
 
     def forget(self, run_id: str) -> None:
-        """Drop what the writer remembers of a finished run."""
+        """Drop what the writer remembers of a run whose turn has ended, however it ended.
+
+        A write of the run still pending is committed as usual, but its outcome
+        is no longer kept: nobody will ask for it.
+        """
         with self._cond:
+            self._runs.discard(run_id)
             self._failed.pop(run_id, None)
             self._written.pop(run_id, None)
 
@@ -491,9 +499,25 @@ class CheckpointWriter:
             for checkpoint, error in zip(taken, errors, strict=True):
                 if error is None:
                     self._failed.pop(checkpoint.run_id, None)
-                else:
-                    self._failed[checkpoint.run_id] = error
+                elif checkpoint.run_id in self._runs:  # else its turn has ended
+                    self._failed[checkpoint.run_id] = _without_frames(error)
         return True
+
+
+def _without_frames(error: StreamCheckpointError) -> StreamCheckpointError:
+    """``error`` with the tracebacks of its chain dropped, to be kept until its turn reads it.
+
+    Only its message is read later; the frames would keep every local of the
+    failed batch alive (the checkpoints of every run in it, each with its
+    turn's whole text).
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
 
 
 def _carry_out(action: Callable[[], T], future: Future[T]) -> None:
