@@ -9,6 +9,7 @@ record of a run whose owner ended it.
 from __future__ import annotations
 
 import gc
+import time
 import tracemalloc
 import uuid
 from pathlib import Path
@@ -92,3 +93,40 @@ async def test_turns_fenced_out_by_a_replacement_process_leave_nothing_behind(
         tracemalloc.stop()
     assert [key for key in keys if writer.problem(key, 3600.0) is not None] == []
     assert held < 5 * len(PIECE) * 30  # a pinned turn holds its text, maybe more than once
+
+
+def _seen_by_another_reader(path: Path, key: str, want: str, within: float) -> str:
+    """What another process's store sees of ``key``, polled while this thread blocks."""
+    reader = DiskCacheStreamCheckpointStore(path)
+    until = time.monotonic() + within
+    while True:
+        saved = reader.get(key)
+        seen = "" if saved is None else saved.partial_text
+        if seen == want or time.monotonic() > until:
+            return seen
+        time.sleep(0.01)  # blocks the event loop, as a caller's synchronous work does
+
+
+async def test_a_turns_checkpoint_catches_up_while_its_caller_does_synchronous_work(
+    tmp_path: Path, drive: Drive
+) -> None:
+    """A burst of chunks handed over faster than the gathering time reaches the store
+    while the caller keeps its thread (and, async, its event loop) busy.
+
+    A chunk's checkpoint is handed over when the caller asks for the next one, so
+    the store may lack the chunk being read, and nothing before it.
+    """
+    store = DiskCacheStreamCheckpointStore(tmp_path / "store")
+    answer = "abcd" * 300
+    model = _model(store, [*text(answer, size=4), finish()], checkpoint_every_chunks=1)
+    run_id = uuid.uuid4()
+    stream = drive.iterate(model, "q", config={"run_id": run_id})
+    received = ""
+    while len(received) < len(answer):
+        received += str((await anext(stream)).content)
+    before_last = received[:-4]
+    seen = _seen_by_another_reader(tmp_path / "store", str(run_id), before_last, within=2.0)
+    assert len(seen) >= len(before_last)
+    assert received.startswith(seen)
+    rest = [chunk async for chunk in stream]
+    assert received + "".join(str(c.content) for c in rest) == answer
