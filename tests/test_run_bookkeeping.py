@@ -23,11 +23,12 @@ from awaken_langchain import (
     StreamCheckpoint,
     StreamCheckpointStore,
 )
+from awaken_langchain.errors import StreamCheckpointFencedError, StreamInterruptedError
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.testing.scripted import ScriptedChatModel, Stall, finish, text
 from awaken_langchain.writer import writer_for
-from tests.conftest import Drive
+from tests.conftest import STORE_BACKENDS, Drive, FakeClock, StoreBackend, StoreFactory
 
 
 async def _no_wait(_seconds: float) -> None:
@@ -35,11 +36,13 @@ async def _no_wait(_seconds: float) -> None:
 
 
 def _model(store: StreamCheckpointStore, *scripts: list[Any], **settings: Any) -> Any:
+    if settings.get("retry_policy", "") is None:  # no recovery: the first cut ends the turn
+        settings["retry_policy"] = RetryPolicy(
+            sleep=lambda _s: None, async_sleep=_no_wait, max_attempts=1, max_continuations=0
+        )
+    settings.setdefault("retry_policy", RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait))
     return RecoveringChatModel(
-        model=ScriptedChatModel(scripts=list(scripts)),
-        store=store,
-        retry_policy=RetryPolicy(sleep=lambda _s: None, async_sleep=_no_wait),
-        **settings,
+        model=ScriptedChatModel(scripts=list(scripts)), store=store, **settings
     )
 
 
@@ -130,3 +133,43 @@ async def test_a_turns_checkpoint_catches_up_while_its_caller_does_synchronous_w
     assert received.startswith(seen)
     rest = [chunk async for chunk in stream]
     assert received + "".join(str(c.content) for c in rest) == answer
+
+
+LOCAL_BACKENDS = [backend for backend in STORE_BACKENDS if backend.name != "redis"]
+"""Stores whose epoch records end by the store's own hand (Redis expires its keys itself)."""
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS, ids=lambda backend: backend.name)
+def test_a_stores_epoch_records_end_with_the_turns_that_made_them(
+    backend: StoreBackend, tmp_path: Path, clock: FakeClock
+) -> None:
+    """Forty turns, ended every way a turn ends, leave the store as it was once their
+    checkpoints expire and gc runs: well before ``epoch_grace`` has passed."""
+    factory = StoreFactory(backend, tmp_path / "store")
+    store = factory(ttl=60, clock=clock)
+    empty = factory.records(store)
+    broken = [*text("cut off", size=1), ConnectionResetError("connection reset by peer")]
+    for turn in range(40):
+        key = str(uuid.uuid4())
+        config = {"run_id": uuid.UUID(key)}
+        if turn % 4 == 0:  # finished: the turn deletes its checkpoint
+            _model(store, [*text("done", size=1), finish()]).invoke("q", config=config)
+        elif turn % 4 == 1:  # finished and kept until memory commits it (commit_turn)
+            kept = _model(store, [*text("kept", size=1), finish()], keep_until_committed=True)
+            kept.invoke("q", config=config)
+            store.delete(key)
+        elif turn % 4 == 2:  # failed: its checkpoint stays for a resume, until it expires
+            failing = _model(store, broken, broken, retry_policy=None)
+            with pytest.raises(StreamInterruptedError):
+                failing.invoke("q", config=config)
+            assert store.get(key) is not None
+        else:  # taken over by a replacement process, which finishes the turn
+            stale = store.claim(key)
+            store.put(StreamCheckpoint(run_id=key, partial_text="the first owner's", epoch=stale))
+            _model(store, [*text("done", size=1), finish()]).invoke("q", config=config)
+            with pytest.raises(StreamCheckpointFencedError):  # the first owner wakes up
+                store.put(StreamCheckpoint(run_id=key, partial_text="late", epoch=stale))
+    factory.let_time_pass(store, clock, 61)  # past the ttl, far from the epoch grace
+    store.gc()
+    assert factory.records(store) - empty <= 1  # at most the epoch floor (diskcache, file)
+    factory.close()
