@@ -26,6 +26,7 @@ from awaken_langchain import (
 from awaken_langchain.errors import StreamCheckpointFencedError, StreamInterruptedError
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
+from awaken_langchain.stores._base import DEFAULT_EPOCH_GRACE
 from awaken_langchain.testing.scripted import ScriptedChatModel, Stall, finish, text
 from awaken_langchain.writer import writer_for
 from tests.conftest import STORE_BACKENDS, Drive, FakeClock, StoreBackend, StoreFactory
@@ -173,3 +174,21 @@ def test_a_stores_epoch_records_end_with_the_turns_that_made_them(
     store.gc()
     assert factory.records(store) - empty <= 1  # at most the epoch floor (diskcache, file)
     factory.close()
+
+
+def test_the_in_process_store_removes_what_expired_without_anyone_calling_gc(
+    clock: FakeClock,
+) -> None:
+    """Nothing outside the process can collect an in-process store: its claims do."""
+    store = InMemoryStreamCheckpointStore(ttl=60, clock=clock)
+    memory = next(backend for backend in STORE_BACKENDS if backend.name == "memory")
+    broken = [*text("cut off", size=1), ConnectionResetError("connection reset by peer")]
+    for _ in range(10):  # failed turns: their checkpoints stay for a resume until they expire
+        with pytest.raises(StreamInterruptedError):
+            _model(store, broken, retry_policy=None).invoke("q")
+    for _ in range(10):  # turns that crashed between their claim and their first write
+        store.claim(str(uuid.uuid4()))
+    assert len(store.list_run_ids()) == 10
+    clock.advance(DEFAULT_EPOCH_GRACE + 61)  # every checkpoint and record has expired
+    _model(store, [*text("done", size=1), finish()]).invoke("q")  # the next turn
+    assert memory.records(store, Path()) == 0

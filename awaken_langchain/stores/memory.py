@@ -20,13 +20,22 @@ from awaken_langchain.stores._base import (
     next_epoch,
 )
 
+COLLECT_EVERY = 60.0
+"""Seconds of the store's clock between the collections its claims run.
+
+Nothing outside the process can call ``gc`` on an in-process store, and few
+applications do it from inside: every so often a claim removes what has
+expired (checkpoints past their ttl, epoch records past their grace) itself."""
+
 
 class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
     """Keeps checkpoints in a dictionary of this process; thread-safe, deterministic.
 
     Records are held encoded (JSON head plus UTF-8 text), exactly as the durable
     stores write them, so tests exercise the same encoding, fencing and delta
-    rules. Nothing survives the process.
+    rules. Nothing survives the process. What expires (checkpoints past their
+    ``ttl``, epoch records past their grace) is removed by ``gc`` or, at most
+    once per `COLLECT_EVERY` seconds, by a claim.
 
     Args:
         ttl: Seconds after its last write when a checkpoint expires, or ``None``.
@@ -70,6 +79,21 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
         self._epochs: dict[str, tuple[int, float]] = {}
         """Per run: the epoch counter and until when the record is kept."""
         self._epoch_floor = 0
+        self._collect_at = clock() + COLLECT_EVERY
+        """When a claim next runs ``gc`` (the store's clock)."""
+
+    def claim(self, run_id: str) -> int:
+        """Take ownership of a run and return its new, strictly larger epoch.
+
+        At most once per `COLLECT_EVERY` seconds, the claim first removes what
+        has expired, as ``gc`` does: a process that never calls ``gc`` still
+        keeps no expired checkpoint or epoch record for long.
+        """
+        now = self.clock()
+        if now >= self._collect_at:
+            self._collect_at = now + COLLECT_EVERY
+            self.gc()
+        return super().claim(run_id)
 
     def _epoch(self, run_id: str) -> int:
         return self._epochs.get(run_id, (0, 0.0))[0]
