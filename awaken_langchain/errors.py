@@ -69,14 +69,21 @@ class StreamCheckpointFencedError(StreamCheckpointError):
         current_epoch: The run's current epoch in the store.
     """
 
-    def __init__(self, run_id: str, *, epoch: int, current_epoch: int) -> None:
+    def __init__(self, run_id: str, *, epoch: int, current_epoch: int, ended: bool = False) -> None:
         self.epoch = epoch
         self.current_epoch = current_epoch
-        super().__init__(
-            f"fenced: epoch {epoch} is older than the run's current epoch {current_epoch}; "
-            "another process has claimed this run, so this writer stops checkpointing it",
-            run_id=run_id,
-        )
+        if ended:
+            message = (
+                f"fenced: the run has ended (its epoch record is gone, and epoch {epoch} "
+                f"is not above the store's epoch floor {current_epoch}); another owner "
+                "finished it or its checkpoint expired, so this writer stops checkpointing it"
+            )
+        else:
+            message = (
+                f"fenced: epoch {epoch} is older than the run's current epoch {current_epoch}; "
+                "another process has claimed this run, so this writer stops checkpointing it"
+            )
+        super().__init__(message, run_id=run_id)
 
 
 class StreamInterruptedError(AwakenError):

@@ -51,6 +51,7 @@ from langchain_core.tracers.schemas import Run
 from tenacity import RetryCallState, Retrying
 
 from awaken_langchain import _telemetry
+from awaken_langchain._secrets import redact
 from awaken_langchain.errors import StreamCheckpointWarning
 
 logger = logging.getLogger(__name__)
@@ -214,7 +215,13 @@ class Report:
 
 
 def warning(event: RecoveryEvent, key: str | None, message: str) -> Report:
-    """A warning report whose payload names the checkpoint key and the message."""
+    """A warning report whose payload names the checkpoint key and the message.
+
+    Every warning's text is built here, once for all its outlets (the Python
+    warning, the log record, the callback event and what tracers record of it):
+    a connection URL's password in it is masked.
+    """
+    message = redact(message)
     return Report(event, {"key": key, "message": message}, message)
 
 

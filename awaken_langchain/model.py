@@ -861,6 +861,7 @@ class RecoveringChatModel(BaseChatModel):
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
+            self._forget(engine)
             self._cancel_background(engine, reporter)
 
     def _open(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
@@ -944,6 +945,15 @@ class RecoveringChatModel(BaseChatModel):
         with contextlib.suppress(StreamCheckpointError):
             writer.wait(writer.call(_nothing, runs=(engine.key,)), self.checkpoint_deadline)
         writer.forget(engine.key)
+
+    def _forget(self, engine: TurnEngine) -> None:
+        """The turn is over, however it ended: the store's writer keeps nothing of it.
+
+        Fenced out, failed, abandoned by its caller or finished: a writer that
+        remembered such runs would grow with every turn of the process.
+        """
+        if self.store is not None:
+            writer_for(self.store).forget(engine.key)
 
     def _cancel_background(self, engine: TurnEngine, reporter: Reporter) -> None:
         for provider, model in engine.running_responses():
@@ -1044,6 +1054,7 @@ class RecoveringChatModel(BaseChatModel):
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
+            self._forget(engine)
             await self._acancel_background(engine, reporter)
 
     async def _aopen(

@@ -15,8 +15,10 @@ not at work: the order is the same, without thread wake-ups. A store that can
 begin a write without waiting for anyone (DiskCache, when no other connection
 holds SQLite's write lock: `StreamCheckpointStore.put_many_now`) is committed
 by an async stream itself, every pending run in one batch, at most once per
-gathering time (what is handed over sooner, by a timer on its event loop),
-and its opening and closing operations run on the turn's thread; a sync
+gathering time (what is handed over sooner, by a timer on its event loop, or
+by the writer thread if that timer is `LOOP_GRACE` late: a caller doing
+synchronous work keeps its loop from running it), and its opening and
+closing operations run on the turn's thread; a sync
 stream's checkpoints, and whatever the store cannot begin at once, go to the
 writer thread. A background thread that
 needs the GIL while an event loop keeps taking it back for network reads waits
@@ -77,6 +79,14 @@ commit carry every run that checkpointed meanwhile, and lets a fast stream's
 successive checkpoints coalesce; it adds at most this much to the time a
 checkpoint takes to become durable. A checkpoint that finds the writer idle
 for at least this long is written at once: nothing else was arriving."""
+LOOP_GRACE = 0.05
+"""Seconds the writer thread leaves, past the gathering time, to an event loop's timer.
+
+What an async stream hands over sooner than one gathering time after the last
+commit waits for a timer on its event loop (`CheckpointWriter.submit`). A
+caller that then keeps its loop busy with synchronous work would keep the
+timer from running, and the store behind what the caller received; the writer
+thread commits the batch itself once the timer is this late."""
 _ATTRIBUTE = "_awaken_writer"
 _REGISTRY_LOCK = threading.Lock()
 EXIT_DRAIN = 5.0
@@ -122,6 +132,8 @@ class CheckpointWriter:
         self._puts: dict[str, StreamCheckpoint | DeferredCheckpoint] = {}
         self._ops: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._failed: dict[str, StreamCheckpointError] = {}
+        self._runs: set[str] = set()
+        """Runs handed over and not yet forgotten: only their failures are kept."""
         self._busy_since: float | None = None
         self._thread: threading.Thread | None = None
         self._sleeping = False  # the writer waits for a notification, not on a timer
@@ -168,7 +180,9 @@ class CheckpointWriter:
         control back between chunks), every pending run in one batch, when
         the writer thread is idle and no batch was taken within the gathering
         time; what is handed over sooner waits for the next such hand-over or
-        for a timer on the loop. A sync turn leaves it to the writer thread:
+        for a timer on the loop, and the writer thread takes it if the timer
+        has not run `LOOP_GRACE` after it was due (the caller may keep its
+        loop busy with synchronous work). A sync turn leaves it to the writer thread:
         a sync stream read by a reader thread would hand the GIL to that
         thread at every SQLite call (measured: 1.17x to 1.44x the bare
         stream's CPU), and one read on the caller's thread gains nothing
@@ -176,6 +190,7 @@ class CheckpointWriter:
         """
         run_id = checkpoint.run_id
         with self._cond:
+            self._runs.add(run_id)
             if self._here():
                 now = time.monotonic()
                 if now - self._written.get(run_id, -math.inf) >= self._gather:
@@ -199,7 +214,8 @@ class CheckpointWriter:
                         return
                 else:
                     self._remind(loop, due, now)
-                    return
+                    if not self._sleeping and self._thread is not None and self._thread.is_alive():
+                        return  # the writer thread looks on its own, after the loop's timer
             thread = self._thread
             if self._sleeping or thread is None or not thread.is_alive():
                 self._wake()  # else the writer is busy or gathering, and looks on its own
@@ -290,8 +306,13 @@ class CheckpointWriter:
         return None
 
     def forget(self, run_id: str) -> None:
-        """Drop what the writer remembers of a finished run."""
+        """Drop what the writer remembers of a run whose turn has ended, however it ended.
+
+        A write of the run still pending is committed as usual, but its outcome
+        is no longer kept: nobody will ask for it.
+        """
         with self._cond:
+            self._runs.discard(run_id)
             self._failed.pop(run_id, None)
             self._written.pop(run_id, None)
 
@@ -376,9 +397,12 @@ class CheckpointWriter:
                 if self._put_now is not None:
                     # streams commit on their own thread at most once per gathering
                     # time: leave them the batch until a gathering time has passed
-                    # without one (an operation a turn waits for ends the wait)
+                    # without one (an operation a turn waits for ends the wait), and
+                    # an event loop's timer `LOOP_GRACE` more: a loop kept busy by
+                    # synchronous work does not run it
                     while self._puts and not self._ops:
-                        remaining = self._last + self._gather - time.monotonic()
+                        grace = LOOP_GRACE if self._timers else 0.0
+                        remaining = self._last + self._gather + grace - time.monotonic()
                         if remaining <= 0:
                             break
                         dense = True
@@ -491,9 +515,25 @@ class CheckpointWriter:
             for checkpoint, error in zip(taken, errors, strict=True):
                 if error is None:
                     self._failed.pop(checkpoint.run_id, None)
-                else:
-                    self._failed[checkpoint.run_id] = error
+                elif checkpoint.run_id in self._runs:  # else its turn has ended
+                    self._failed[checkpoint.run_id] = _without_frames(error)
         return True
+
+
+def _without_frames(error: StreamCheckpointError) -> StreamCheckpointError:
+    """``error`` with the tracebacks of its chain dropped, to be kept until its turn reads it.
+
+    Only its message is read later; the frames would keep every local of the
+    failed batch alive (the checkpoints of every run in it, each with its
+    turn's whole text).
+    """
+    seen: set[int] = set()
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return error
 
 
 def _carry_out(action: Callable[[], T], future: Future[T]) -> None:

@@ -162,7 +162,9 @@ def test_damaged_database_is_a_store_error(tmp_path: Path) -> None:
         DiskCacheStreamCheckpointStore(directory)
 
 
-def test_delete_and_gc_leave_only_epoch_records_until_their_grace_ends(tmp_path: Path) -> None:
+def test_gc_of_an_expired_checkpoint_ends_its_record_and_a_delete_without_epoch_keeps_it(
+    tmp_path: Path,
+) -> None:
     now = [1000.0]
     directory = tmp_path / "cache"
     with DiskCacheStreamCheckpointStore(
@@ -177,8 +179,8 @@ def test_delete_and_gc_leave_only_epoch_records_until_their_grace_ends(tmp_path:
         store.delete("deleted")
         now[0] += 11
         assert store.gc() == 1
-        with diskcache.Cache(str(directory)) as raw:
-            assert sorted(raw.iterkeys()) == [b"e\x00deleted", b"e\x00expired"]
+        with diskcache.Cache(str(directory)) as raw:  # kept for an owner that may write on
+            assert sorted(raw.iterkeys()) == [b"e\x00deleted", b"f\x00epoch-floor"]
         now[0] += 100
         store.gc()
         assert store.claim("deleted") == 2  # above the floor the collected records left

@@ -81,9 +81,9 @@ def test_claims_only_increase_and_only_the_latest_epoch_writes_whatever_the_hist
                 refusal = put_refusal(store, arg, latest[arg])
                 if refusal is None:
                     written[arg] = latest[arg]
-                else:  # only once the run's record was collected
-                    assert not isinstance(refusal, StreamCheckpointFencedError)
-                    assert "claim" in str(refusal)
+                else:  # only once the run's record ended: the writer's run is over
+                    assert isinstance(refusal, StreamCheckpointFencedError)
+                    assert "the run has ended" in str(refusal)
             elif action == "stale-put":
                 for epoch in handed_out[arg][:-1]:
                     with pytest.raises(StreamCheckpointError):

@@ -28,7 +28,8 @@ def test_every_store_returns_to_its_baseline_after_turns_and_gc(
     assert set(rows) >= {"memory", "diskcache", "file"}
     counts = {name: [leading_number(cell) for cell in row] for name, row in rows.items()}
     for name, (empty, after_turns, after_gc) in counts.items():
-        assert after_turns > 50, name
+        if name != "redis":  # a finished turn's records end with it: the abandoned remain
+            assert empty < after_turns < 50, name
         assert after_gc <= empty + 1, name  # at most the store's epoch floor
     if "redis" in counts:
         assert "(0 never expire)" in rows["redis"][1]

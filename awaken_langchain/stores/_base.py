@@ -41,32 +41,37 @@ Epoch records and their horizon
 -------------------------------
 
 ``claim`` keeps a per-run **epoch record**: the run's counter, and the time
-until which the record must be kept. Records end, so a store returns to its
-baseline size once turns finish and ``gc`` runs:
+until which the record must be kept. A record ends when its run ends, so a
+store holds no bookkeeping of finished turns:
 
-- A claim sets ``keep_until = now + epoch_grace``; a ``delete`` of the run's
-  checkpoint pushes it to ``now + epoch_grace``, and ``gc`` removing an expired
-  checkpoint to ``epoch_grace`` after that checkpoint's last write. ``gc``
-  removes a record only when the run has no checkpoint left and ``keep_until``
-  has passed: a record outlives the run's last claim, write and delete by at
-  least ``epoch_grace`` (default one hour).
-- In the same atomic step as removing a record, ``gc`` raises the store's
+- The record ends with the delete that ends the run: its owner's ``delete``
+  with its epoch (the turn finished), a ``delete`` of the complete checkpoint
+  the current owner wrote last (memory committed the turn), or ``gc`` removing
+  the current owner's expired checkpoint (nothing was written for ``ttl``).
+- A record whose run has not visibly ended (a claim not yet followed by a
+  write, a checkpoint deleted without an epoch, a checkpoint that expired
+  after someone claimed the run again) is kept until ``keep_until``: a claim
+  sets it to ``now + epoch_grace``, a delete to ``now + epoch_grace``, ``gc``
+  removing an expired checkpoint to ``epoch_grace`` after its last write. ``gc``
+  removes such a record once the run has no checkpoint and ``keep_until`` has
+  passed.
+- In the same atomic step as removing a record, the store raises its
   **epoch floor** to at least the record's counter; the floor never decreases.
   A claim returns ``max(counter, floor) + 1`` (:func:`next_epoch`).
 
 Why claims stay strictly increasing forever: every epoch ever handed out for a
 run is at most its record's counter while the record exists, and at most the
-floor once it was collected. ``max(counter, floor) + 1`` exceeds them all, with
+floor once it was removed. ``max(counter, floor) + 1`` exceeds them all, with
 no clock involved.
 
-Why a stale writer is still refused after its run's record was collected: a
-write must carry exactly the run's current counter. With no record the counter
-is 0, so a writer holding any claimed epoch (at least 1) is refused (as never
-claimed); once someone claims again, the new epoch exceeds the stale one and the
-writer is fenced. Only epoch 0 (a writer that never claims) passes on a run
-without a record, exactly as on a run nobody ever claimed; the grace period is
-how long a claim keeps fencing such writers out after the run's checkpoint is
-gone. Choose it longer than any writer of a finished run can still be stalled.
+Why a stale writer is still fenced after its run's record was removed: a
+write must carry exactly the run's current counter. With no record the
+counter is 0, and a writer holding a claimed epoch at most the floor held a
+record that has ended (:func:`check_epoch`): it is fenced. Once someone claims
+again, the new epoch exceeds the stale one. Only epoch 0 (a writer that never
+claims) passes on a run without a record, exactly as on a run nobody ever
+claimed: mixing such writers with claiming ones on one run is fenced only
+while the run's record lives.
 
 The Redis store cannot raise a floor when its keys expire (Redis expires them
 on its own, and a cluster has no key every run's script may touch), so its floor
@@ -125,7 +130,7 @@ SIGNATURE_DOMAIN = b"awaken-checkpoint-signature-v1\x00"
 """Prefix of every signed message, so the key signs nothing else by accident."""
 
 DEFAULT_EPOCH_GRACE = 3600.0
-"""Seconds a run's epoch record outlives its checkpoint and its last claim (one hour)."""
+"""Seconds a run's epoch record outlives its last claim, when nothing ends the run (one hour)."""
 
 MEMO_LIMIT = 256
 """How many runs' last written text a store instance remembers for delta writes.
@@ -281,27 +286,42 @@ def next_epoch(current: int, floor: int) -> int:
     return max(current, floor) + 1
 
 
-def check_epoch(run_id: str, epoch: int, current: int, *, action: str) -> None:
+def check_epoch(
+    run_id: str,
+    epoch: int,
+    current: int,
+    *,
+    action: str,
+    floor: int | Callable[[], int] = 0,
+) -> None:
     """Apply the fencing rule to a write carrying ``epoch``.
 
     ``current`` is the run's epoch counter: the last value ``claim`` returned,
-    or 0 when the run was never claimed. A write must carry exactly that epoch;
-    epoch 0 on a run that was never claimed is the unfenced mode.
+    or 0 when the run was never claimed or its record has ended. A write must
+    carry exactly that epoch; epoch 0 on a run without a record is the
+    unfenced mode. ``floor`` is the store's epoch floor (or what reads it, only
+    called when needed): a writer of a run without a record whose epoch is at
+    most the floor held a record that has ended, so its run is over.
 
     Raises:
-        StreamCheckpointFencedError: If ``epoch`` is older than ``current``.
+        StreamCheckpointFencedError: If ``epoch`` is older than ``current``, or
+            the run has no record and ``epoch`` is at most ``floor``.
         StreamCheckpointError: If ``epoch`` is newer than ``current`` (it was
             never handed out by ``claim``).
     """
     if epoch < current:
         raise StreamCheckpointFencedError(run_id, epoch=epoch, current_epoch=current)
     if epoch > current:
+        if current == 0:
+            ended = floor() if callable(floor) else floor
+            if epoch <= ended:  # its record ended with the run (or was collected)
+                raise StreamCheckpointFencedError(
+                    run_id, epoch=epoch, current_epoch=ended, ended=True
+                )
         raise StreamCheckpointError(
             f"{action} carries epoch {epoch}, but the run's current epoch is {current}; "
             "epochs come from claim(run_id): claim the run first and write with the "
-            "epoch it returns (or use epoch 0 on a run that is never claimed). A run's "
-            "epoch record is removed epoch_grace seconds after its checkpoint is gone; "
-            "a writer idle that long must claim again",
+            "epoch it returns (or use epoch 0 on a run that is never claimed)",
             run_id=run_id,
         )
 
@@ -627,9 +647,10 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         ttl: Seconds after its last write when a checkpoint expires, or ``None``.
         max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
         clock: Wall-clock time source, injectable for tests.
-        epoch_grace: Seconds a run's epoch record outlives the run's checkpoint
-            and its last claim (see the module docstring for why claims stay
-            strictly increasing after it is removed).
+        epoch_grace: Seconds a run's epoch record outlives its last claim, or
+            a checkpoint whose removal did not end the run (see the module
+            docstring: a run that ends takes its record with it, and claims
+            stay strictly increasing after it is removed).
         signing_key: Key that signs every record written and must verify every
             record read (``None``: the ``AWAKEN_CHECKPOINT_SIGNING_KEY``
             environment variable, if set; otherwise records are not signed).
@@ -718,9 +739,12 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     ) -> bool:
         """Atomically fence (when ``epoch`` is given), then delete the run's record.
 
-        The epoch record is kept, until at least :meth:`_keep_until` when a
-        checkpoint was deleted. When ``condition`` is given, the record is
-        deleted only if its decoded head satisfies it.
+        When ``condition`` is given (``gc``: the record expired), the record is
+        deleted only if its decoded head satisfies it. In the same atomic
+        step, the run's epoch record ends if :meth:`_ends_record` says the
+        delete ends the run (raising the epoch floor to its counter), even
+        when there was no checkpoint to delete; otherwise it is kept, until at
+        least :meth:`_keep_until` when a checkpoint was deleted.
 
         Returns:
             Whether a record was deleted.
@@ -741,6 +765,33 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def _backend_cleanup(self) -> None:
         """Remove leftovers of interrupted writes (called by :meth:`gc`)."""
         return None
+
+    @staticmethod
+    def _ends_record(
+        counter: int, epoch: int | None, deleted: Head | None, *, expired: bool = False
+    ) -> bool:
+        """Whether removing a run's checkpoint ends the run's epoch record (the run is over).
+
+        It does when the run's owner deletes it with its epoch (``epoch``, which
+        passed the fencing check), and when the checkpoint removed was the last
+        write of the run's current owner (nobody claimed since) and either
+        complete (its turn finished) or ``expired`` (``gc``: nothing was written
+        for ``ttl``). A record without a checkpoint ends at ``gc`` after
+        ``epoch_grace``.
+
+        Args:
+            counter: The run's epoch counter (0: no record).
+            epoch: The epoch the delete carries, or ``None``.
+            deleted: The head of the checkpoint removed, when it was read.
+            expired: ``gc`` removes the checkpoint as expired.
+        """
+        if counter <= 0:
+            return False
+        if epoch is not None:
+            return epoch == counter
+        if deleted is None or deleted.fields.get("epoch") != counter:
+            return False
+        return expired or deleted.fields.get("complete") is True
 
     def _keep_until(self, deleted: Head | None = None) -> float:
         """Until when an epoch record must be kept after a claim or a checkpoint's removal.
@@ -1010,8 +1061,11 @@ class DeltaCheckpointStore(StreamCheckpointStore):
     def delete(self, run_id: str, *, epoch: int | None = None) -> None:
         """Delete the run's checkpoint; a missing checkpoint is not an error.
 
-        The run's epoch record is kept for ``epoch_grace`` more seconds, and
-        later claims stay strictly larger even after it is gone.
+        A delete by the run's owner (with its epoch), or of the complete
+        checkpoint its owner wrote last, ends the run's epoch record; any other
+        keeps it for ``epoch_grace`` more seconds. Later claims stay strictly
+        larger after it is gone, and a writer still holding an older epoch is
+        fenced.
 
         Raises:
             StreamCheckpointFencedError: If ``epoch`` is older than the run's

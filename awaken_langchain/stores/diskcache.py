@@ -522,8 +522,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             failing with :class:`StreamCheckpointError`. It tries again every
             0.5 ms at first, less often the longer it waits (at most every
             25 ms), so it begins soon after the other transaction ends.
-        epoch_grace: Seconds a run's epoch record outlives its checkpoint and
-            its last claim.
+        epoch_grace: Seconds a run's epoch record outlives its last claim
+            when nothing ends the run (a run that ends takes its record with it).
         signing_key: Key that signs every record this store writes and must
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
@@ -730,7 +730,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         sizes = [len(text)] if text else []
         stored = head if head.extra.get("segments") == sizes else head.with_extra(segments=sizes)
         with self._cache.transact():
-            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put", floor=self._epoch_floor)
             old_count = self._stored_segment_count(run_id)
             if text:
                 self._cache.set(self._segment_key(run_id, 0), text)
@@ -743,7 +743,7 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     ) -> Head | None:
         run_id = head.run_id
         with self._cache.transact():
-            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put", floor=self._epoch_floor)
             try:
                 current = self._head(run_id)
                 if current is None or current.write_id != expect.write_id:
@@ -783,25 +783,56 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     ) -> bool:
         with self._cache.transact():
             if epoch is not None:
-                check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
+                check_epoch(
+                    run_id, epoch, self._epoch(run_id), action="delete", floor=self._epoch_floor
+                )
             key = self._head_key(run_id)
             if key not in self._cache:
                 located = self._unreadable_row(run_id)
-                return located is not None and bool(self._cache.remove_row(*located))
-            head = None
-            if condition is not None:
-                head = self._head(run_id)
-                if head is None or not condition(head):
+                if located is None:
+                    self._end_record(run_id, epoch, None, removed=False)
                     return False
+                return bool(self._cache.remove_row(*located))
+            head = None
+            if condition is not None or epoch is None:
+                with contextlib.suppress(StreamCheckpointError):  # unreadable: not ours to judge
+                    head = self._head(run_id)
+            if condition is not None and (head is None or not condition(head)):
+                return False
             count = self._stored_segment_count(run_id)
             self._cache.delete(key)
             self._drop_segments(run_id, 0, count)
-            with contextlib.suppress(StreamCheckpointError):  # an unreadable record stays
-                record = self._epoch_record(run_id)
-                if record is not None:
-                    keep_until = max(record[1], self._keep_until(head))
-                    self._set_epoch_record(run_id, record[0], keep_until)
+            self._end_record(run_id, epoch, head, removed=True, expired=condition is not None)
         return True
+
+    def _end_record(
+        self,
+        run_id: str,
+        epoch: int | None,
+        deleted: Head | None,
+        *,
+        removed: bool,
+        expired: bool = False,
+    ) -> None:
+        """After a delete, in its transaction: end the run's epoch record if the run is over.
+
+        Otherwise a record whose checkpoint was ``removed`` is kept on for
+        ``epoch_grace``. An unreadable record stays.
+        """
+        try:
+            record = self._epoch_record(run_id)
+        except StreamCheckpointError:
+            return
+        if record is None:
+            return
+        if self._ends_record(record[0], epoch, deleted, expired=expired):
+            floor = self._epoch_floor()
+            if record[0] > floor:
+                self._cache.set(_FLOOR, record[0])
+            self._cache.delete(self._epoch_key(run_id))
+        elif removed:
+            keep_until = max(record[1], self._keep_until(deleted if expired else None))
+            self._set_epoch_record(run_id, record[0], keep_until)
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         with self._cache.reading():
@@ -874,8 +905,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         ``False``: the record is not as written (or kept in files); use the general path.
         """
         state = last.state
-        if not isinstance(state, _Stored):
-            return False
+        if not isinstance(state, _Stored) or epoch is None:
+            return False  # a delete without epoch reads the head: it may end the record
         sizes = last.extra.get("segments")
         if not isinstance(sizes, list) or any(
             type(n) is not int or n >= self._cache.disk.min_file_size for n in sizes
@@ -891,16 +922,14 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
                 parsed = self._parse_epoch_record(run_id, None if record is None else record[1])
             except StreamCheckpointError:
                 return False  # the general path reports or keeps an unreadable record
-            if epoch is not None:
-                check_epoch(run_id, epoch, 0 if parsed is None else parsed[0], action="delete")
+            counter = 0 if parsed is None else parsed[0]
+            check_epoch(run_id, epoch, counter, action="delete", floor=self._epoch_floor)
             keys = [head_key, *(self._segment_key(run_id, i) for i in range(len(sizes)))]
+            if counter > 0:  # the owner ends its run: its epoch record ends with it
+                keys.append(epoch_key)
+                if counter > self._epoch_floor():
+                    self._cache.set(_FLOOR, counter)
             self._cache._sql(_DELETE_ROWS.format(",".join("?" * len(keys))), keys)
-            if parsed is not None:
-                value = encode_json(
-                    {"epoch": parsed[0], "keep_until": max(parsed[1], self._keep_until())}
-                )
-                now = time.time()
-                self._cache._sql(_UPSERT_ROW, (epoch_key, now, now, value))
         return True
 
     # -- layout known before the head is encoded -------------------------------------
@@ -1103,7 +1132,13 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
             try:
                 if record is None:
                     record = self._parse_epoch_record(run_id, epoch_value)
-                check_epoch(run_id, plan.epoch, 0 if record is None else record[0], action="put")
+                check_epoch(
+                    run_id,
+                    plan.epoch,
+                    0 if record is None else record[0],
+                    action="put",
+                    floor=self._epoch_floor,
+                )
                 step = self._lean_layout(plan, state, prefix, largest)
             except StreamCheckpointError as exc:
                 errors[index] = exc

@@ -114,7 +114,8 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
 
     Each run has a log file and, once claimed, an epoch file, both named by the
     SHA-256 of the run id, so no run id (``/``, ``..``, very long ids) can name
-    a path outside the directory. An epoch file is removed by :meth:`gc`
+    a path outside the directory. An epoch file goes when its run ends (see
+    :mod:`awaken_langchain.stores._base`), otherwise at :meth:`gc`
     ``epoch_grace`` seconds after the run's log is gone, raising the epoch
     floor kept in ``.epoch-floor``. The store never follows a symbolic link: a
     link in place of the directory, the lock or a run's file is refused.
@@ -140,8 +141,8 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         clock: Wall-clock time source, injectable for tests.
         fsync: Whether to fsync files and the directory (turn off only for
             throwaway data).
-        epoch_grace: Seconds a run's epoch record outlives its checkpoint and
-            its last claim.
+        epoch_grace: Seconds a run's epoch record outlives its last claim
+            when nothing ends the run (a run that ends takes its record with it).
         signing_key: Key that signs every record this store writes and must
             verify every record it reads; ``None`` reads the
             ``AWAKEN_CHECKPOINT_SIGNING_KEY`` environment variable (unset: no
@@ -390,7 +391,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         run_id = head.run_id
         frame = encode_frame(head.encode(), text)
         with self._locked():
-            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put", floor=self._epoch_floor)
             self._set_cursor(run_id, None)
             inode = self._replace_file(self._path(run_id, _LOG_SUFFIX), frame)
             self._set_cursor(run_id, _Cursor(head.write_id, inode, 0, len(frame)))
@@ -402,7 +403,7 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         run_id = head.run_id
         frame = encode_frame(head.encode(), delta)
         with self._locked():
-            check_epoch(run_id, epoch, self._epoch(run_id), action="put")
+            check_epoch(run_id, epoch, self._epoch(run_id), action="put", floor=self._epoch_floor)
             cursor = self._cursors.get(run_id)
             if cursor is None or cursor.write_id != expect.write_id:
                 return None
@@ -465,33 +466,69 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
     ) -> bool:
         with self._locked():
             if epoch is not None:
-                check_epoch(run_id, epoch, self._epoch(run_id), action="delete")
+                check_epoch(
+                    run_id, epoch, self._epoch(run_id), action="delete", floor=self._epoch_floor
+                )
             path = self._path(run_id, _LOG_SUFFIX)
             head = None
-            if condition is not None:
-                found = self._log(run_id)
-                head = None if found is None else decode_head(found[0].raw_head, run_id=run_id)
-                if head is None or not condition(head):
-                    return False
+            if condition is not None or epoch is None:
+                with contextlib.suppress(StreamCheckpointError):  # unreadable: not ours to judge
+                    found = self._log(run_id)
+                    head = None if found is None else decode_head(found[0].raw_head, run_id=run_id)
+            if condition is not None and (head is None or not condition(head)):
+                return False
             self._set_cursor(run_id, None)
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 unreadable = self._unreadable_log(run_id)
                 if unreadable is None:
+                    if self._end_record(run_id, epoch, None, removed=False):
+                        self._sync_directory()
                     return False
                 os.unlink(unreadable)
                 self._sync_directory()
                 return True
-            record = None
-            with contextlib.suppress(StreamCheckpointError):  # an unreadable record stays
-                record = self._epoch_record(run_id)
-            if record is not None:  # its rename's directory fsync also covers the unlink
-                keep_until = max(record[1], self._keep_until(head))
-                self._write_epoch_record(run_id, record[0], keep_until)
-            else:
+            if not self._end_record(
+                run_id, epoch, head, removed=True, expired=condition is not None
+            ):
                 self._sync_directory()
         return True
+
+    def _end_record(
+        self,
+        run_id: str,
+        epoch: int | None,
+        deleted: Head | None,
+        *,
+        removed: bool,
+        expired: bool = False,
+    ) -> bool:
+        """After a delete, with the lock held: end the run's epoch record if the run is over.
+
+        Otherwise a record whose checkpoint was ``removed`` is kept on for
+        ``epoch_grace``; an unreadable record stays. Returns whether the
+        directory was synced after every unlink so far; if not, the caller
+        syncs it after an unlink of its own.
+        """
+        record = None
+        with contextlib.suppress(StreamCheckpointError):
+            record = self._epoch_record(run_id)
+        if record is None:
+            return False
+        if self._ends_record(record[0], epoch, deleted, expired=expired):
+            if record[0] > self._epoch_floor():  # durable before the record goes, as in gc
+                floor = encode_json({"epoch_floor": record[0]})
+                self._replace_file(self.directory / _FLOOR_NAME, floor)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path(run_id, _EPOCH_SUFFIX))
+            self._sync_directory()
+            return True
+        if removed:  # its rename's directory fsync also covers the unlink
+            keep_until = max(record[1], self._keep_until(deleted if expired else None))
+            self._write_epoch_record(run_id, record[0], keep_until)
+            return True
+        return False
 
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         found = []

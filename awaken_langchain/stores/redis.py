@@ -50,7 +50,7 @@ import time
 from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 try:
     import redis
@@ -65,6 +65,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "install it with: pip install 'awaken-langchain[redis]'"
     ) from exc
 
+from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
@@ -232,18 +233,8 @@ class _Client:
 
 
 def _redact(url: str) -> str:
-    """Return ``url`` with its password masked, for error messages."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError:
-        return "<unparsable url>"
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if port is not None:
-        netloc += f":{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """Return ``url`` with its secrets masked (a password in its user part or query)."""
+    return redact(url)
 
 
 def _glob_escape(text: str) -> str:
