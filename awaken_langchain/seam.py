@@ -32,7 +32,8 @@ text). Whatever its kind, a repeat is kept when:
 
 - it is one run of a repeated pattern (``"-----"``, ``"0000"``, ``"哈哈哈"``,
   ``"ha ha"``, ``"| 0 | 0"``), which a text repeats for real;
-- the prefix already has it right before it: the text is repeating itself;
+- it begins with a space and the prefix already has it right before it: the
+  text is repeating itself (``"| n/a | n/a"`` + ``" | n/a"``);
 - the prefix ends in a Markdown table row and the repeat is not the whole row:
   tables repeat cells for real.
 
@@ -182,7 +183,13 @@ def is_removable_repeat(
     before = index
     while before and text[before - 1].isspace():
         before -= 1
-    if is_pattern_run(body) or text.endswith(body, 0, before):
+    again = before - len(body)
+    if is_pattern_run(body) or (
+        kind == "spaced"
+        and again >= 0
+        and text.endswith(body, 0, before)
+        and is_word_start(text, again)
+    ):
         return False
     row = text.rfind("\n") + 1
     while text[row].isspace():

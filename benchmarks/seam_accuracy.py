@@ -200,6 +200,10 @@ REASONS = ("run", "already there", "line break", "table cell", "spaced word", "s
 """Why a repeat is kept by design, in the order they are checked."""
 
 
+BOUNDS = ("", " ", "\n")
+"""What may come before a word."""
+
+
 def kept_by_design(text: str, restart: int, repeat: str) -> str:
     """Why ``repeat``, restarted at ``restart`` of ``text``, is kept by design ("": it is not).
 
@@ -215,7 +219,9 @@ def kept_by_design(text: str, restart: int, repeat: str) -> str:
     lead = repeat[: len(repeat) - len(repeat.lstrip())]
     if not body or is_run(body):
         return "run"
-    if text[:restart].rstrip().endswith(body):
+    before = text[:restart].rstrip()
+    spaced = lead and "\n" not in lead and (restart == 0 or text[restart - 1] != "\n")
+    if spaced and before.endswith(body) and before[: len(before) - len(body)][-1:] in BOUNDS:
         return "already there"
     first_line, _, _ = body.partition("\n")
     if "\n" in lead or ("\n" in body and not re.search(r"\w", first_line)):
