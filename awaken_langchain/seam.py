@@ -37,6 +37,11 @@ text). Whatever its kind, a repeat is kept when:
 - the prefix ends in a Markdown table row and the repeat is not the whole row:
   tables repeat cells for real.
 
+A prefix that ended with whitespace ends with a whole word, so there a repeat
+must also end where a word of the continuation ends: ``"Half an "`` +
+``"answer."`` repeats nothing, while ``"The capi"`` + ``"capital"`` restarts a
+cut-off word.
+
 After the repeat (or at once when there is none), only the whitespace the
 continuation request stripped is dropped, as far as the continuation repeats it.
 """
@@ -197,6 +202,11 @@ def is_removable_repeat(
     return index <= row or text[row] != "|"  # in a table row, only the whole row
 
 
+def _joins(last: str, after: str) -> bool:
+    """Whether ``after`` goes on the word that ``last`` ends (both letters or digits)."""
+    return last.isalnum() and after.isalnum() and not is_unspaced(last) and not is_unspaced(after)
+
+
 class SeamFilter:
     """Removes text a provider repeats at the start of a continuation.
 
@@ -257,13 +267,15 @@ class SeamFilter:
         if not text:
             return ""
         before = self._held
+        previous = self._parts[-1][-1] if self._parts else ""
         self._parts.append(text)
         self._held += len(text)
-        self._find_repeats_ending_in(before, text)
+        self._find_repeats_ending_in(before, text, previous)
         candidate = self._candidate
         if candidate >= 0:
             end = candidate + self._held
-            if end < len(self._text) and self._text.startswith(text, candidate + before):
+            whole = bool(self._stripped)  # a whole match waits for the character after it
+            if end < len(self._text) + whole and self._text.startswith(text, candidate + before):
                 return ""
             start = candidate + 1
         else:
@@ -280,6 +292,20 @@ class SeamFilter:
         """
         if self._decided or not self._held:
             return ""
+        if self._stripped:  # a repeat that ends with the text ends at a word end
+            held = "".join(self._parts)
+            index = len(self._text) - len(held)
+            if (
+                0 <= index <= self._last_start
+                and self._text.endswith(held)
+                and is_removable_repeat(
+                    self._text,
+                    index,
+                    spaced_words=self._spaced_words,
+                    line_breaks=self._line_breaks,
+                )
+            ):
+                self._repeat = len(held)
         released = self._decide()
         self._whitespace = ""
         return released
@@ -316,15 +342,20 @@ class SeamFilter:
                     return index - 1
         return -1
 
-    def _find_repeats_ending_in(self, before: int, text: str) -> None:
+    def _find_repeats_ending_in(self, before: int, text: str, previous: str = "") -> None:
         """Record the longest removable repeat the held text now covers whole.
 
         A repeat is a suffix of the prefix that the held text starts with; those
-        of ``before + 1`` to ``before + len(text)`` characters are checked.
+        of ``before + 1`` to ``before + len(text)`` characters are checked. When
+        the prefix ended with whitespace, its last word was whole, so a repeat
+        must end where a word of the continuation ends (``"an"`` is not repeated
+        in ``"answer"``): it is checked once the character after it has arrived,
+        and ``previous`` is the held text's last character before ``text``.
         """
         sent = self._text
-        low = max(len(sent) - self._held, 0)
-        high = min(len(sent) - before - 1, self._last_start)
+        confirm = bool(self._stripped) and bool(previous or before == 0)
+        low = max(len(sent) - self._held + confirm, 0)
+        high = min(len(sent) - max(before + 1 - confirm, 1), self._last_start)
         if high < low:
             return
         first = self._parts[0][0]
@@ -334,12 +365,17 @@ class SeamFilter:
         while index != -1:
             size = len(sent) - index
             # the held text's character that must equal the prefix's last one
-            if text[size - 1 - before] == last_char and is_repeat_start(sent, index):
+            end_char = text[size - 1 - before] if size > before else previous
+            if end_char == last_char and is_repeat_start(sent, index):
                 if held is None:
                     held = "".join(self._parts)
                     self._parts = [held]
-                if held.startswith(sent[index:]) and is_removable_repeat(
-                    sent, index, spaced_words=self._spaced_words, line_breaks=self._line_breaks
+                if (
+                    held.startswith(sent[index:])
+                    and (not confirm or not _joins(last_char, held[size]))
+                    and is_removable_repeat(
+                        sent, index, spaced_words=self._spaced_words, line_breaks=self._line_breaks
+                    )
                 ):
                     self._repeat = size
                     return
@@ -350,7 +386,8 @@ class SeamFilter:
         held = "".join(self._parts)
         self._parts = [held]
         sent = self._text
-        end = min(self._last_start, len(sent) - 1 - len(held)) + len(held)
+        whole = bool(self._stripped)  # a whole match waits for the character after it
+        end = min(self._last_start, len(sent) - 1 - len(held) + whole) + len(held)
         index = sent.find(held, start, end)
         while index != -1 and not is_repeat_start(sent, index):
             index = sent.find(held, index + 1, end)

@@ -474,3 +474,22 @@ def test_a_continuation_that_starts_with_a_space_is_held_only_while_it_could_be_
     assert released[:10] == [""] * 10  # " brown fox" could be (and is) the repeat
     assert "".join(released) == "jumps"
     assert seam.removed_chars == len(" brown fox ")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "continuation", "expected"),
+    [
+        ("Half an ", "answer.", "Half an answer."),
+        ("Half an ", "an answer.", "Half an answer."),
+        ("The quick brown ", "quick brownie recipe", "The quick brown quick brownie recipe"),
+        ("The quick brown ", "quick brown fox", "The quick brown fox"),
+        ("The quick brown", "quick brownie recipe", "The quick brownie recipe"),
+    ],
+)
+def test_after_a_whole_word_a_repeat_must_end_where_a_word_of_the_continuation_ends(
+    prefix: str, continuation: str, expected: str
+) -> None:
+    """A prefix that ends with whitespace ends with a whole word; one that does not may
+    end inside one, which a provider restarts ("brown" + "brownie")."""
+    assert continued(prefix, continuation) == expected
+    assert prefix + run(prefix, list(continuation)) == expected
