@@ -5,9 +5,9 @@ whitespace stripped. An exact provider answers with that whitespace and the rest
 of the text. Other providers first repeat the end of the prefix, then continue:
 from the start of a word (``"The"`` + ``"The capital…"``), from the space before
 a word, as their tokens carry it (``"…jumps over the"`` + ``" over the lazy…"``),
-or from a line's indentation. :class:`SeamFilter` holds
-back the start of the continuation while it could still be such a repeat and
-removes it, and otherwise passes the text through unchanged.
+or from a line's indentation. :class:`SeamFilter` holds back the start of the
+continuation while it could still be such a repeat and removes it, and otherwise
+passes the text through unchanged.
 
 The rule is never to delete real text. A repeat is a suffix of the prefix that
 the continuation starts with; it starts at a word start (after whitespace, or
@@ -19,13 +19,14 @@ what a text does:
   space): two characters or more with a letter (``"I'mI'm"``, ``"TheThe"`` are
   not text), or two words with a letter or digit;
 - **indented**, starting at a line's indentation: the same;
-- **spaced**, starting after a space on the same line: two words or more, with
-  a letter (``" over the"``) or two words with a letter or digit (``" 2024 05"``).
+- **spaced**, starting after a space on the same line: two words or more, one
+  of them with a letter (``" over the"``), or two with a digit (``" 2024 05"``).
   A single word after a space is kept: ``"he had"`` + ``" had a dog"`` is as
   often a real doubled word (``"had had"``, ``"that that"``) as a repeat;
-- **at a line break**: kept. It is the whole last line again, which texts
-  repeat for real (a refrain, a table row); providers restart a line from its
-  first word, which is a glued repeat.
+- **at a line break** (in the whitespace before one, or on a line of its own
+  with no letter or digit, such as a table row's closing ``"|"``): kept. It is
+  the whole last line again, which texts repeat for real (a refrain, a table
+  row); providers restart a line from its first word, which is a glued repeat.
 
 Any repeat with 4 CJK characters or more is removed (``"研究研究"`` is real
 text). Whatever its kind, a repeat is kept when:
