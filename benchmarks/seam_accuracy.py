@@ -4,8 +4,9 @@ Texts: a corpus written for this benchmark (prose, Markdown lists, Python code,
 indented JSON, numbers, CJK, and texts that repeat words, lines and table cells
 for real; see ``benchmarks/_seam_corpus.py``), the text of the recorded real
 provider streams in ``../shared/realwire/`` (read at run time, when that
-directory is there; ``--realwire DIR`` names another), and, for natural cuts
-only, this repository's README.
+directory is there; ``--realwire DIR`` or ``AWAKEN_REALWIRE`` names another;
+without it the corpus alone is cut, with a note), and, for natural cuts only,
+this repository's README.
 
 Each text is cut at every point (every word end and start, inside every word
 and every run of whitespace). At each cut the caller has seen the prefix; the
