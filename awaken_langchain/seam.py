@@ -2,23 +2,46 @@
 
 A continuation request carries the prefix the caller has seen with its trailing
 whitespace stripped. An exact provider answers with that whitespace and the rest
-of the text. Other providers first repeat the end of the prefix, from the start
-of a word, a sentence or a paragraph, then continue. :class:`SeamFilter` holds
-back the start of the continuation while it could still be such a repeat and
-removes it, and otherwise passes the text through unchanged.
+of the text. Other providers first repeat the end of the prefix, then continue:
+from the start of a word (``"The"`` + ``"The capital…"``), from the space before
+a word, as their tokens carry it (``"…jumps over the"`` + ``" over the lazy…"``),
+or from a line's indentation. :class:`SeamFilter` holds back the start of the
+continuation while it could still be such a repeat and removes it, and otherwise
+passes the text through unchanged.
 
-The rule is never to delete real text. A repeat is removed only when:
+The rule is never to delete real text. A repeat is a suffix of the prefix that
+the continuation starts with; it starts at a word start (after whitespace, or
+anywhere in CJK text, which has no spaces) or in the whitespace before one (the
+prefix counts as starting after a space). It is removed when repeating it is not
+what a text does:
 
-- the continuation starts with it directly: a continuation that starts with
-  whitespace is exact (an exact provider re-emits the stripped whitespace, or
-  the space before its next word, while a repeating provider restarts at a word);
-- it is a suffix of the prefix that starts at a word start (after whitespace, or
-  anywhere in CJK text, which has no spaces);
-- it is long enough not to be a real repetition of the text: two words or more,
-  12 characters or more, or 4 CJK characters or more ("that that", "had had",
-  "研究研究" are real text and are kept);
-- it is not a single run of a repeated pattern (``"-----"``, ``"0000"``,
-  ``"哈哈哈"``), which a text repeats for real.
+- **glued**, starting at a word (it joins the prefix's last word without a
+  space): two characters or more with a letter (``"I'mI'm"``, ``"TheThe"`` are
+  not text), or two words with a letter or digit;
+- **indented**, starting at a line's indentation: the same;
+- **spaced**, starting after a space on the same line: two words or more, one
+  of them with a letter (``" over the"``), or two with a digit (``" 2024 05"``).
+  A single word after a space is kept: ``"he had"`` + ``" had a dog"`` is as
+  often a real doubled word (``"had had"``, ``"that that"``) as a repeat;
+- **at a line break** (in the whitespace before one, or on a line of its own
+  with no letter or digit, such as a table row's closing ``"|"``): kept. It is
+  the whole last line again, which texts repeat for real (a refrain, a table
+  row); providers restart a line from its first word, which is a glued repeat.
+
+Any repeat with 4 CJK characters or more is removed (``"研究研究"`` is real
+text). Whatever its kind, a repeat is kept when:
+
+- it is one run of a repeated pattern (``"-----"``, ``"0000"``, ``"哈哈哈"``,
+  ``"ha ha"``, ``"| 0 | 0"``), which a text repeats for real;
+- it begins with a space and the prefix already has it right before it: the
+  text is repeating itself (``"| n/a | n/a"`` + ``" | n/a"``);
+- the prefix ends in a Markdown table row and the repeat is not the whole row:
+  tables repeat cells for real.
+
+A prefix that ended with whitespace ends with a whole word, so there a repeat
+must also end where a word of the continuation ends: ``"Half an "`` +
+``"answer."`` repeats nothing, while ``"The capi"`` + ``"capital"`` restarts a
+cut-off word.
 
 After the repeat (or at once when there is none), only the whitespace the
 continuation request stripped is dropped, as far as the continuation repeats it.
@@ -26,12 +49,19 @@ continuation request stripped is dropped, as far as the continuation repeats it.
 
 from __future__ import annotations
 
+from typing import Literal
+
 MIN_WORDS = 2
-"""A repeat of this many words or more is removed."""
-MIN_CHARS = 12
-"""A repeat of this many characters or more is removed."""
+"""A spaced repeat of this many words (one with a letter) is removed; any repeat of
+this many words with a letter or digit is."""
+MIN_CHARS = 2
+"""A glued or indented repeat of this many characters (one a letter) is removed."""
 MIN_CJK_CHARS = 4
 """A repeat with this many CJK characters or more is removed (CJK has no spaces)."""
+
+Kind = Literal["glued", "indented", "broken", "spaced"]
+"""Where a repeat starts: at a word; at a line's indentation; at a line break
+(in the whitespace before it); after a space on the same line."""
 
 _UNSPACED_RANGES = (
     (0x3000, 0x30FF),  # CJK symbols and punctuation, hiragana, katakana
@@ -64,24 +94,73 @@ def is_word_start(text: str, index: int) -> bool:
     return before.isspace() or is_unspaced(before) or is_unspaced(char)
 
 
-def is_removable_size(repeat: str) -> bool:
-    """Whether ``repeat`` is long enough that repeating it is not real text."""
-    if len(repeat) >= MIN_CHARS:
+def is_repeat_start(text: str, index: int) -> bool:
+    """Whether a repeat may start at ``text[index]``.
+
+    At a word start, or in whitespace, but not inside a line's indentation: a
+    provider that repeats a line repeats all of its indentation.
+    """
+    char = text[index]
+    if not char.isspace():
+        return is_word_start(text, index)
+    before = index - 1
+    if before < 0 or text[before] == "\n" or not text[before].isspace():
         return True
-    words = sum(1 for word in repeat.split() if any(c.isalnum() for c in word))
-    if words >= MIN_WORDS:
+    while before > 0 and text[before - 1].isspace():
+        before -= 1
+        if text[before] == "\n":
+            return False
+    return True
+
+
+def repeat_kind(text: str, index: int) -> Kind:
+    """The kind of a repeat of ``text[index:]`` (``index`` a repeat start)."""
+    if not text[index].isspace():
+        line_end = text.find("\n", index)
+        first_line = text[index:line_end] if line_end >= 0 else ""
+        return "broken" if first_line and not any(c.isalnum() for c in first_line) else "glued"
+    end = index
+    while end < len(text) and text[end].isspace():
+        end += 1
+    if "\n" in text[index:end]:
+        return "broken"
+    if index and text[index - 1] == "\n":
+        return "indented"
+    return "spaced"
+
+
+def is_removable_size(
+    repeat: str, kind: Kind = "glued", *, spaced_words: int = MIN_WORDS, line_breaks: bool = False
+) -> bool:
+    """Whether ``repeat``, of ``kind``, is long enough that repeating it is not real text.
+
+    ``spaced_words`` is the fewest words a spaced repeat needs, and
+    ``line_breaks`` says whether a repeat that begins with a line break is
+    removed like a spaced one: the benchmark measures the other side of each
+    ambiguity with them.
+    """
+    body = repeat.lstrip()
+    if sum(1 for c in body if c.isalnum() and is_unspaced(c)) >= MIN_CJK_CHARS:
         return True
-    return sum(1 for c in repeat if c.isalnum() and is_unspaced(c)) >= MIN_CJK_CHARS
+    if kind == "broken" and not line_breaks:
+        return False
+    letter = any(c.isalpha() and not is_unspaced(c) for c in body)
+    if kind in ("spaced", "broken"):
+        words = body.split(None, spaced_words)
+        if len(words) < spaced_words:
+            return False
+        return letter or sum(1 for w in words if any(c.isalnum() for c in w)) >= MIN_WORDS
+    named = sum(1 for word in body.split(None, MIN_WORDS) if any(c.isalnum() for c in word))
+    return (letter and len(body) >= MIN_CHARS) or named >= MIN_WORDS
 
 
 def is_pattern_run(repeat: str) -> bool:
-    """Whether ``repeat`` is one unspaced run of a repeated pattern (``"-=-=-="``).
+    """Whether ``repeat`` is one run of a repeated pattern (``"-=-=-="``, ``"ha ha"``).
 
-    Such a run (a rule line, a number of zeros, laughter) is as likely the
-    text's own as a provider's repeat, so it is never removed.
+    Such a run (a rule line, a number of zeros, laughter, a row of equal table
+    cells) is as likely the text's own as a provider's repeat, so it is never
+    removed.
     """
-    if any(c.isspace() for c in repeat):
-        return False
     size = len(repeat)
     half = size // 2
     head = repeat[: size - half]
@@ -91,6 +170,42 @@ def is_pattern_run(repeat: str) -> bool:
             return True
         shift = repeat.find(head, shift + 1, half + len(head))
     return False
+
+
+def is_removable_repeat(
+    text: str, index: int, *, spaced_words: int = MIN_WORDS, line_breaks: bool = False
+) -> bool:
+    """Whether a continuation that starts with ``text[index:]`` repeats it, to be removed.
+
+    ``text`` is the prefix as the continuation request carried it (stripped).
+    """
+    if not is_repeat_start(text, index):
+        return False
+    repeat = text[index:]
+    kind = repeat_kind(text, index)
+    if not is_removable_size(repeat, kind, spaced_words=spaced_words, line_breaks=line_breaks):
+        return False
+    body = repeat.lstrip()
+    before = index
+    while before and text[before - 1].isspace():
+        before -= 1
+    again = before - len(body)
+    if is_pattern_run(body) or (
+        kind == "spaced"
+        and again >= 0
+        and text.endswith(body, 0, before)
+        and is_word_start(text, again)
+    ):
+        return False
+    row = text.rfind("\n") + 1
+    while text[row].isspace():
+        row += 1
+    return index <= row or text[row] != "|"  # in a table row, only the whole row
+
+
+def _joins(last: str, after: str) -> bool:
+    """Whether ``after`` goes on the word that ``last`` ends (both letters or digits)."""
+    return last.isalnum() and after.isalnum() and not is_unspaced(last) and not is_unspaced(after)
 
 
 class SeamFilter:
@@ -109,13 +224,21 @@ class SeamFilter:
         prefix: The text of the turn the caller has already received.
     """
 
+    _spaced_words = MIN_WORDS
+    """The fewest words a spaced repeat needs to be removed."""
+    _line_breaks = False
+    """Whether a repeat that begins with a line break is removed (as a spaced one)."""
+
     def __init__(self, prefix: str) -> None:
         self._sent = prefix.rstrip()
         """The prefix as the continuation request carried it."""
         self._stripped = prefix[len(self._sent) :]
         """The whitespace the request stripped; an exact provider re-emits it."""
+        self._text = " " + self._sent if self._sent else ""
+        """Where repeats are looked for: the sent prefix after a space, as a provider
+        that repeats all of it may begin with the space its first token carries."""
         self._last_start = self._last_removable_start()
-        """The last word start whose suffix is long enough to be removed (-1: none)."""
+        """The last repeat start whose suffix is long enough to be removed (-1: none)."""
         self._parts: list[str] = []
         self._held = 0
         self._candidate = -1
@@ -144,18 +267,16 @@ class SeamFilter:
             return self._drop_whitespace(text) if self._whitespace else text
         if not text:
             return ""
-        if not self._held and text[0].isspace():  # an exact continuation
-            self._decided = True
-            self._whitespace = self._stripped
-            return self._drop_whitespace(text)
         before = self._held
+        previous = self._parts[-1][-1] if self._parts else ""
         self._parts.append(text)
         self._held += len(text)
-        self._find_repeats_ending_in(before, text)
+        self._find_repeats_ending_in(before, text, previous)
         candidate = self._candidate
         if candidate >= 0:
             end = candidate + self._held
-            if end < len(self._sent) and self._sent.startswith(text, candidate + before):
+            whole = bool(self._stripped)  # a whole match waits for the character after it
+            if end < len(self._text) + whole and self._text.startswith(text, candidate + before):
                 return ""
             start = candidate + 1
         else:
@@ -172,28 +293,70 @@ class SeamFilter:
         """
         if self._decided or not self._held:
             return ""
+        if self._stripped:  # a repeat that ends with the text ends at a word end
+            held = "".join(self._parts)
+            index = len(self._text) - len(held)
+            if (
+                0 <= index <= self._last_start
+                and self._text.endswith(held)
+                and is_removable_repeat(
+                    self._text,
+                    index,
+                    spaced_words=self._spaced_words,
+                    line_breaks=self._line_breaks,
+                )
+            ):
+                self._repeat = len(held)
         released = self._decide()
         self._whitespace = ""
         return released
 
     def _last_removable_start(self) -> int:
-        sent = self._sent
+        """A bound: no repeat that starts after it is long enough to be removed (-1: none).
+
+        Walks back from the end, counting what the suffix holds, so that the
+        bound costs one pass however long the prefix.
+        """
+        sent = self._text
+        letter = named_word = False
+        cjk = words = named = 0
         for index in range(len(sent) - 1, -1, -1):
-            if is_word_start(sent, index) and (
-                len(sent) - index >= MIN_CHARS or is_removable_size(sent[index:])
+            char = sent[index]
+            if is_unspaced(char):
+                cjk += char.isalnum()
+            else:
+                letter = letter or char.isalpha()
+            named_word = (named_word or char.isalnum()) and not char.isspace()
+            if not is_word_start(sent, index):
+                continue
+            words += 1
+            named += named_word
+            if (
+                cjk >= MIN_CJK_CHARS
+                or named >= MIN_WORDS
+                or (letter and len(sent) - index >= MIN_CHARS)
             ):
-                return index
+                return index  # glued
+            if letter and words >= self._spaced_words and sent[index - 1].isspace():
+                kind = repeat_kind(sent, index - 1)
+                if kind == "spaced" or (kind == "broken" and self._line_breaks):
+                    return index - 1
         return -1
 
-    def _find_repeats_ending_in(self, before: int, text: str) -> None:
+    def _find_repeats_ending_in(self, before: int, text: str, previous: str = "") -> None:
         """Record the longest removable repeat the held text now covers whole.
 
         A repeat is a suffix of the prefix that the held text starts with; those
-        of ``before + 1`` to ``before + len(text)`` characters are checked.
+        of ``before + 1`` to ``before + len(text)`` characters are checked. When
+        the prefix ended with whitespace, its last word was whole, so a repeat
+        must end where a word of the continuation ends (``"an"`` is not repeated
+        in ``"answer"``): it is checked once the character after it has arrived,
+        and ``previous`` is the held text's last character before ``text``.
         """
-        sent = self._sent
-        low = max(len(sent) - self._held, 0)
-        high = min(len(sent) - before - 1, self._last_start)
+        sent = self._text
+        confirm = bool(self._stripped) and bool(previous or before == 0)
+        low = max(len(sent) - self._held + confirm, 0)
+        high = min(len(sent) - max(before + 1 - confirm, 1), self._last_start)
         if high < low:
             return
         first = self._parts[0][0]
@@ -203,23 +366,31 @@ class SeamFilter:
         while index != -1:
             size = len(sent) - index
             # the held text's character that must equal the prefix's last one
-            if text[size - 1 - before] == last_char and is_word_start(sent, index):
+            end_char = text[size - 1 - before] if size > before else previous
+            if end_char == last_char and is_repeat_start(sent, index):
                 if held is None:
                     held = "".join(self._parts)
                     self._parts = [held]
-                if held.startswith(sent[index:]) and not is_pattern_run(sent[index:]):
+                if (
+                    held.startswith(sent[index:])
+                    and (not confirm or not _joins(last_char, held[size]))
+                    and is_removable_repeat(
+                        sent, index, spaced_words=self._spaced_words, line_breaks=self._line_breaks
+                    )
+                ):
                     self._repeat = size
                     return
             index = sent.find(first, index + 1, high + 1)
 
     def _search(self, start: int) -> int:
-        """The first word start from ``start`` where the held text is a growing match."""
+        """The first repeat start from ``start`` where the held text is a growing match."""
         held = "".join(self._parts)
         self._parts = [held]
-        sent = self._sent
-        end = min(self._last_start, len(sent) - 1 - len(held)) + len(held)
+        sent = self._text
+        whole = bool(self._stripped)  # a whole match waits for the character after it
+        end = min(self._last_start, len(sent) - 1 - len(held) + whole) + len(held)
         index = sent.find(held, start, end)
-        while index != -1 and not is_word_start(sent, index):
+        while index != -1 and not is_repeat_start(sent, index):
             index = sent.find(held, index + 1, end)
         return index
 

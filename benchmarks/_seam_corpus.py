@@ -5,6 +5,12 @@ Each text is what a model might write: prose (with one paragraph longer than
 Markdown lists, Python code, indented JSON, numbers, and CJK. The CJK text is
 written with ``|`` between words (CJK has no spaces); :func:`cjk_words` turns it
 into the text and its word spans.
+
+Two more texts hold what a text repeats for real, so that a rule that deletes
+every repeat shows up as wrongly deleting: :data:`DOUBLED` (doubled words and
+phrases, lines and table cells) and :data:`SQUARES` (words that begin with a
+piece written twice, "murmur", cut between the two pieces only by the cuts
+inside a word).
 """
 
 from __future__ import annotations
@@ -130,11 +136,40 @@ def cjk_words() -> tuple[str, list[tuple[int, int]]]:
     return CJK.replace("|", ""), spans
 
 
+DOUBLED = """\
+He had had enough of it, and she said that that was fine. It was very very cold, so \
+they said bye bye and left. No no no, not that one. Ha ha, very funny. We went to \
+Walla Walla, then to Baden-Baden, and sang "New York, New York" all the way home. \
+The the is a typo, and so is is.
+
+| option   | default | staging | production |
+|----------|---------|---------|------------|
+| retries  | 3       | 3       | 3          |
+| timeout  | 10      | 10      | 30         |
+| region   | not set | not set | eu-west-1  |
+| cache    | on      | on      | on         |
+| cache    | on      | on      | on         |
+
+Sing it again:
+Row, row, row your boat,
+Row, row, row your boat,
+gently down the stream.
+
+    pass
+    pass
+"""
+
+SQUARES = """The murmur of the crowd grew as couscous and bonbons were served; a tsetse fly, \
+the cancan dancers and a tartar sauce. Mama and papa laughed: haha, hehe.
+"""
+
 TEXTS = {
     "prose": PROSE,
     "markdown": MARKDOWN,
     "python": PYTHON,
     "json": JSON,
     "numbers": NUMBERS,
+    "doubled": DOUBLED,
+    "squares": SQUARES,
 }
 """The texts whose words are separated by whitespace, by kind."""

@@ -1,44 +1,64 @@
 """Seam accuracy: what the seam filter wrongly deletes and what repeats it leaves in.
 
-A corpus written for this benchmark (prose, Markdown lists, Python code,
-indented JSON, numbers, CJK; see ``benchmarks/_seam_corpus.py``) is cut at
-every word end, every word start, inside every word and inside every run of
-whitespace. At each cut the caller has seen the prefix; the continuation
-request carries it without trailing whitespace, and the provider answers in one
-of these ways:
+Texts: a corpus written for this benchmark (prose, Markdown lists, Python code,
+indented JSON, numbers, CJK, and texts that repeat words, lines and table cells
+for real; see ``benchmarks/_seam_corpus.py``), the text of the recorded real
+provider streams in ``../shared/realwire/`` (read at run time, when that
+directory is there; ``--realwire DIR`` or ``AWAKEN_REALWIRE`` names another;
+without it the corpus alone is cut, with a note), and, for natural cuts only,
+this repository's README.
 
-- **exact**: the rest of the uncut text after the stripped prefix (so starting
-  with the whitespace the request stripped);
-- **N words** (1 to 5): it restarts at the start of the prefix's last N words
-  (a cut-off word counts as one) and writes the rest;
-- **sentence**: it restarts at the start of the sentence (or line) the cut is in;
+Each text is cut at every point (every word end and start, inside every word
+and every run of whitespace). At each cut the caller has seen the prefix; the
+continuation request carries it without trailing whitespace, and the provider
+answers in one of these ways (a family of continuations):
+
+- **natural**: the rest of the uncut text after the stripped prefix (starting
+  with the whitespace the request stripped): the text a continuation must not
+  lose a character of;
+- **glued N words** (1 to 5): it restarts at the start of the prefix's last N
+  words (a cut-off word counts as one), joined to the prefix without a space;
+- **spaced N words** (1 to 12): the same, from the space before those words,
+  as tokens that carry their leading space do (``" over the lazy dog."``);
+- **sentence glued / spaced**: it restarts at the start of the sentence;
+- **line from its break / with its indentation / from its first word**: it
+  restarts the line the cut is in (Markdown items, headings, code, JSON lines);
+- **bracket glued / spaced**: cut right after an opening bracket or quote, it
+  restarts at the last word with a letter or digit (``"green ("`` +
+  ``"green (lime green)"``);
 - **paragraph 1500+**: it restarts at the start of the paragraph, when that
   repeats 1 500 characters or more.
 
-The continuation is fed to ``SeamFilter`` in pieces of 1, 3, 4 or 7
-characters (by case). The output should be the uncut text's rest: characters
-missing from it were **wrongly deleted**; a repeat left in front of it counts
-when it is two or more words, 12 or more characters, or 4 or more CJK
-characters (a single short repeated word may be real text and is kept by
-design); those that are one run of a repeated pattern (a rule line of dashes,
-"研究研究") are counted apart: the filter keeps them by design, as the text
-repeats them for real as often. A second table times a long repeat after a 200 KB prefix, fed one
-character at a time.
+The continuation is fed to the filter in pieces of 1, 3, 4 or 7 characters (by
+case). The output should be the uncut text's rest. Characters missing from it
+were **wrongly deleted**; text left in front of it is a repeat **left in**. A
+repeat left in is counted as kept by design when the text repeats it for real
+as often: one run of a repeated pattern (``"-----"``, ``"| 0 | 0"``), text
+that the prefix already holds right before it, a single letter, fewer than 4
+CJK characters, or (the one ambiguous case) a single word after a space.
 
-Run: ``python -m benchmarks.seam_accuracy [--quick]``
+A last table shows the two ambiguities both ways: with the single spaced word
+kept (the rule) and removed, what is left in and what is wrongly deleted.
+
+A second table times a long repeat after a 200 KB prefix, fed one character at
+a time.
+
+Run: ``python -m benchmarks.seam_accuracy [--quick] [--realwire DIR]``
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import json
+import os
 import re
 import sys
 import time
 import tracemalloc
 import unicodedata
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -46,16 +66,40 @@ if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from awaken_langchain.seam import SeamFilter
-from benchmarks._common import machine_line, table
+from benchmarks._common import REPO_ROOT, machine_line, table
 from benchmarks._seam_corpus import TEXTS, cjk_words
 
-REPEATS = ("exact", *(f"{n} word{'s' if n > 1 else ''}" for n in range(1, 6)), "sentence")
+GLUED = tuple(f"glued {n} word{'s' if n > 1 else ''}" for n in range(1, 6))
+SPACED = tuple(f"spaced {n} word{'s' if n > 1 else ''}" for n in range(1, 13))
+FAMILIES = (
+    "natural",
+    *GLUED,
+    *SPACED,
+    "sentence glued",
+    "sentence spaced",
+    "line from its break",
+    "line with its indentation",
+    "line from its first word",
+    "bracket glued",
+    "bracket spaced",
+    "paragraph 1500+",
+)
 LONG_PARAGRAPH = 1_500
 """Shortest paragraph repeat measured as "paragraph 1500+"."""
 TAIL = 48
 """Characters of the text after the repeat that each case feeds."""
 PIECES = (1, 3, 4, 7)
 SENTENCE_ENDS = (".", "!", "?", ":", "\u3002", "\uff01", "\uff1f")  # and CJK . ! ?
+OPENERS = "([{\"'`<\u201c\u2018\u00ab"
+"""Opening brackets and quotes (a straight quote opens after a space or a bracket)."""
+REALWIRE = Path(os.environ.get("AWAKEN_REALWIRE", REPO_ROOT.parent / "shared" / "realwire"))
+"""The recorded real provider streams (not part of this repository)."""
+NATURAL_ONLY = "readme"
+"""The kind of text cut for natural continuations only."""
+QUICK_README = 8
+"""A quick run cuts the README 8 times more sparsely than the other texts."""
+AMBIGUOUS = "squares"
+"""The kind of text whose natural cuts are the glued ambiguity, reported apart."""
 
 
 class Filter(Protocol):
@@ -68,21 +112,48 @@ class Filter(Protocol):
         """Release what is held back."""
 
 
+class SpacedWordSeamFilter(SeamFilter):
+    """The filter with the other choice for a single word after a space: it is removed."""
+
+    _spaced_words = 1
+
+
+class LineBreakSeamFilter(SeamFilter):
+    """The filter with the other choice for a repeat that begins with a line break.
+
+    It is removed as a spaced repeat is: from two words with a letter.
+    """
+
+    _line_breaks = True
+
+
+@dataclass(frozen=True)
+class Text:
+    """One text to cut, with the spans of its words."""
+
+    kind: str
+    name: str
+    text: str
+    spans: list[tuple[int, int]]
+
+
 @dataclass(frozen=True)
 class Case:
     """One cut of one text, continued in one way."""
 
     kind: str
-    repeat: str
+    family: str
     prefix: str
     continuation: str
     expected: str
     """What the caller should receive: the uncut text's rest (its first characters)."""
+    by_design: str
+    """Why the repeat is one the text repeats for real as often ("": it is not)."""
 
 
 @dataclass
 class Row:
-    """The outcome of every case of one kind of text and one kind of continuation."""
+    """The outcome of every case of one kind of text and one family of continuations."""
 
     kind: str
     repeat: str
@@ -92,40 +163,127 @@ class Row:
     deleted_chars: int = 0
     """Characters of real text the filter removed."""
     repeats_left: int = 0
-    """Cases left with a repeat of two or more words (or 12+ characters)."""
+    """Cases left with a repeat that is not kept by design."""
     runs_left: int = 0
-    """Cases left with such a repeat that is one run of a repeated pattern (kept by design)."""
+    """Cases left with a repeat kept by design (see the module docstring)."""
     left_chars: int = 0
-    """Characters of repeat left in, of any size."""
+    """Characters of repeat left in, of any kind."""
+    sample: list[str] = field(default_factory=list)
+    """A few repeats left in that are not kept by design, to show."""
+    reasons: dict[str, int] = field(default_factory=dict)
+    """Repeats left in and kept by design, by reason."""
+
+    @property
+    def removed_pct(self) -> float:
+        """Repeats removed, in % of those not kept by design (100 for none)."""
+        wanted = self.cases - self.runs_left
+        return 100.0 * self.exact / wanted if wanted else 100.0
 
 
-def is_big_repeat(text: str) -> bool:
-    """Whether a repeat left in is one the goals count: 2+ words, 12+ or 4+ CJK characters."""
-    words = sum(1 for word in text.split() if any(c.isalnum() for c in word))
-    cjk = sum(
+def is_run(text: str) -> bool:
+    """Whether ``text`` is one run of a repeated unit (``"-----"``, ``"ha ha"``, ``"| 0 | 0"``)."""
+    size = len(text)
+    return size > 1 and any(
+        text[unit:] == text[:-unit] for unit in range(1, size // 2 + 1) if text[unit] == text[0]
+    )
+
+
+def cjk_chars(text: str) -> int:
+    """How many CJK characters ``text`` holds."""
+    return sum(
         1
         for c in text
         if unicodedata.name(c, "").startswith(("CJK UNIFIED", "HIRAGANA", "KATAKANA"))
     )
-    return words >= 2 or len(text.strip()) >= 12 or cjk >= 4
 
 
-def is_run(text: str) -> bool:
-    """Whether ``text`` is one unspaced run of a repeated unit (``"-----"``, ``"研究研究"``)."""
-    if not text or any(c.isspace() for c in text):
-        return False
-    return any(
-        text == (text[:unit] * (len(text) // unit + 1))[: len(text)]
-        for unit in range(1, len(text) // 2 + 1)
-    )
+REASONS = ("run", "already there", "line break", "table cell", "spaced word", "short")
+"""Why a repeat is kept by design, in the order they are checked."""
 
 
-def corpus() -> dict[str, tuple[str, list[tuple[int, int]]]]:
-    """Each kind of text with the spans of its words."""
-    texts = {
-        kind: (text, [m.span() for m in re.finditer(r"\S+", text)]) for kind, text in TEXTS.items()
-    }
-    texts["cjk"] = cjk_words()
+BOUNDS = ("", " ", "\n")
+"""What may come before a word."""
+
+
+def kept_by_design(text: str, restart: int, repeat: str) -> str:
+    """Why ``repeat``, restarted at ``restart`` of ``text``, is kept by design ("": it is not).
+
+    That is: a text repeats it for real as often. One run of a repeated pattern
+    (``"run"``); what the prefix already holds right before it (``"already
+    there"``); a repeat that begins with a line break, a whole line again as
+    refrains and table rows are (``"line break"``); a repeat in a table row
+    that is not the whole row (``"table cell"``); a single word after a space
+    (``"spaced word"``); a single letter, a single word without a letter, fewer
+    than 4 CJK characters (``"short"``).
+    """
+    body = repeat.strip()
+    lead = repeat[: len(repeat) - len(repeat.lstrip())]
+    if not body or is_run(body):
+        return "run"
+    before = text[:restart].rstrip()
+    spaced = lead and "\n" not in lead and (restart == 0 or text[restart - 1] != "\n")
+    if spaced and before.endswith(body) and before[: len(before) - len(body)][-1:] in BOUNDS:
+        return "already there"
+    first_line, _, _ = body.partition("\n")
+    if "\n" in lead or ("\n" in body and not re.search(r"\w", first_line)):
+        return "line break"
+    end = restart + len(repeat)
+    line = text.rfind("\n", 0, end) + 1
+    row = line + len(text[line:end]) - len(text[line:end].lstrip())
+    if text[row] == "|" and restart + len(lead) > row:
+        return "table cell"
+    same_line = restart == 0 or text[restart - 1] != "\n"
+    if lead and same_line and len(body.split()) < 2:
+        return "spaced word"
+    named = sum(1 for word in body.split() if any(c.isalnum() for c in word))
+    if cjk_chars(body):
+        short = cjk_chars(body) < 4 and named < 2
+    else:
+        letters = sum(1 for c in body if c.isalpha())
+        short = (letters == 0 or len(body) < 2) and named < 2
+    return "short" if short else ""
+
+
+def word_spans(text: str) -> list[tuple[int, int]]:
+    """The spans of the whitespace-separated words of ``text``."""
+    return [m.span() for m in re.finditer(r"\S+", text)]
+
+
+def realwire_texts(directory: Path) -> list[Text]:
+    """The answer text of each recorded stream in ``directory`` (none when it is absent)."""
+    texts = []
+    for path in sorted(directory.glob("*.sse")) if directory.is_dir() else []:
+        deltas = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if not line.startswith("data:"):
+                continue
+            try:
+                event = json.loads(line[5:])
+            except ValueError:
+                continue
+            delta = event.get("delta") if isinstance(event, dict) else None
+            if isinstance(delta, dict) and delta.get("type") == "text_delta":
+                deltas.append(delta.get("text", ""))
+            for choice in event.get("choices") or [] if isinstance(event, dict) else []:
+                content = (choice.get("delta") or {}).get("content")
+                if isinstance(content, str):
+                    deltas.append(content)
+        text = "".join(deltas)
+        if text.strip():
+            texts.append(Text("realwire", path.stem, text, word_spans(text)))
+    return texts
+
+
+def corpus(realwire: Path | None = REALWIRE) -> list[Text]:
+    """Every text to cut: the written corpus, the real streams, the README."""
+    texts = [Text(kind, kind, text, word_spans(text)) for kind, text in TEXTS.items()]
+    texts.append(Text("cjk", "cjk", *cjk_words()))
+    if realwire is not None:
+        texts += realwire_texts(realwire)
+    readme = REPO_ROOT / "README.md"
+    if readme.is_file():
+        text = readme.read_text(encoding="utf-8")
+        texts.append(Text(NATURAL_ONLY, "README.md", text, word_spans(text)))
     return texts
 
 
@@ -142,7 +300,7 @@ def cut_points(text: str, spans: list[tuple[int, int]]) -> list[int]:
 
 @dataclass(frozen=True)
 class Starts:
-    """Where the words, sentences (or lines) and paragraphs of a text start."""
+    """Where the words, sentences and paragraphs of a text start."""
 
     words: list[int]
     sentences: list[int]
@@ -159,38 +317,98 @@ class Starts:
         sentences = [
             s
             for s in words
-            if s == 0 or "\n" in gaps[s] or text[: s - len(gaps[s])].endswith(SENTENCE_ENDS)
+            if s == words[0] or "\n" in gaps[s] or text[: s - len(gaps[s])].endswith(SENTENCE_ENDS)
         ]
-        paragraphs = [s for s in words if s == 0 or "\n\n" in gaps[s]]
+        paragraphs = [s for s in words if s == words[0] or "\n\n" in gaps[s]]
         return cls(words, sentences, paragraphs)
 
 
-def restarts(starts: Starts, sent: int) -> Iterator[tuple[str, int]]:
-    """Where each kind of provider restarts, for a prefix of ``sent`` characters."""
-    yield "exact", sent
+def spaced(text: str, start: int) -> int | None:
+    """Where a restart at word ``start`` begins with the space before it (None: a line break).
+
+    At the very start of the text, a provider's first token carries a space
+    the text does not have: -1 stands for it.
+    """
+    if start == 0:
+        return -1
+    before = start
+    while before > 0 and text[before - 1].isspace():
+        before -= 1
+    gap = text[before:start]
+    return None if not gap or "\n" in gap else before
+
+
+def is_opener(text: str, index: int) -> bool:
+    """Whether ``text[index]`` opens a bracket or a quote (a straight quote after a space)."""
+    char = text[index]
+    if char not in OPENERS:
+        return False
+    return char not in "\"'`" or index == 0 or text[index - 1].isspace() or text[index - 1] in "([{"
+
+
+def restarts(text: str, starts: Starts, sent: int) -> Iterator[tuple[str, int]]:
+    """Where each family of provider restarts, for a prefix of ``sent`` characters.
+
+    -1 stands for a space before the text (see :func:`spaced`).
+    """
+    yield "natural", sent
     words = bisect.bisect_left(starts.words, sent)
-    for count in range(1, 6):
-        if count <= words:
-            yield REPEATS[count], starts.words[words - count]
+    for count in range(1, 13):
+        if count > words:
+            break
+        start = starts.words[words - count]
+        if count <= len(GLUED):
+            yield GLUED[count - 1], start
+        space = spaced(text, start)
+        if space is not None:
+            yield SPACED[count - 1], space
     sentence = starts.sentences[bisect.bisect_left(starts.sentences, sent) - 1]
-    yield "sentence", sentence
+    yield "sentence glued", sentence
+    space = spaced(text, sentence)
+    if space is not None:
+        yield "sentence spaced", space
+    line = text.rfind("\n", 0, sent) + 1
+    if line:
+        yield "line from its break", line - 1
+        first = len(text) - len(text[line:].lstrip())
+        if first > line:
+            yield "line with its indentation", line
+        yield "line from its first word", first
+    if is_opener(text, sent - 1):
+        named = [s for s in starts.words[:words] if re.search(r"\w", text[s:sent])]
+        if named:
+            yield "bracket glued", named[-1]
+            space = spaced(text, named[-1])
+            if space is not None:
+                yield "bracket spaced", space
     paragraph = starts.paragraphs[bisect.bisect_left(starts.paragraphs, sent) - 1]
     if sent - paragraph >= LONG_PARAGRAPH:
         yield "paragraph 1500+", paragraph
 
 
-def cases(every: int = 1) -> Iterator[Case]:
-    """Every case of the corpus (every ``every``-th cut point only, for a quick run)."""
-    for kind, (text, spans) in corpus().items():
-        starts = Starts.of(text, spans)
-        for cut in cut_points(text, spans)[::every]:
+def cases(texts: list[Text], every: int = 1) -> Iterator[Case]:
+    """Every case of ``texts`` (every ``every``-th cut point only, for a quick run)."""
+    for item in texts:
+        text = item.text
+        starts = Starts.of(text, item.spans)
+        step = every * (QUICK_README if every > 1 and item.kind == NATURAL_ONLY else 1)
+        for cut in cut_points(text, item.spans)[::step]:
             prefix = text[:cut]
             sent = len(prefix.rstrip())
             rest = text[cut:]
-            for repeat, restart in restarts(starts, sent):
-                continuation = text[restart:]
+            found = restarts(text, starts, sent)
+            for family, restart in found if item.kind != NATURAL_ONLY else [next(found)]:
+                continuation = " " + text if restart < 0 else text[restart:]
+                repeat = continuation[: len(continuation) - len(text) + sent]
                 extra = len(continuation) - len(rest)
-                yield Case(kind, repeat, prefix, continuation[: extra + TAIL], rest[:TAIL])
+                yield Case(
+                    item.kind,
+                    family,
+                    prefix,
+                    continuation[: extra + TAIL],
+                    rest[:TAIL],
+                    "" if family == "natural" else kept_by_design(text, max(restart, 0), repeat),
+                )
 
 
 def run_case(case: Case, make_filter: Callable[[str], Filter], piece: int) -> str:
@@ -201,11 +419,18 @@ def run_case(case: Case, make_filter: Callable[[str], Filter], piece: int) -> st
     return "".join(out) + seam.flush()
 
 
-def measure(make_filter: Callable[[str], Filter] = SeamFilter, every: int = 1) -> list[Row]:
-    """Run every case and sum the outcomes per kind of text and of continuation."""
+def measure(
+    make_filter: Callable[[str], Filter] = SeamFilter,
+    every: int = 1,
+    texts: list[Text] | None = None,
+    families: set[str] | None = None,
+) -> list[Row]:
+    """Run every case (of ``families``) and sum the outcomes per kind of text and family."""
     rows: dict[tuple[str, str], Row] = {}
-    for number, case in enumerate(cases(every)):
-        row = rows.setdefault((case.kind, case.repeat), Row(case.kind, case.repeat))
+    for number, case in enumerate(cases(corpus() if texts is None else texts, every)):
+        if families is not None and case.family not in families:
+            continue
+        row = rows.setdefault((case.kind, case.family), Row(case.kind, case.family))
         out = run_case(case, make_filter, PIECES[number % len(PIECES)])
         row.cases += 1
         expected = case.expected
@@ -217,26 +442,36 @@ def measure(make_filter: Callable[[str], Filter] = SeamFilter, every: int = 1) -
             continue
         left = out[: len(out) - len(expected)]
         row.left_chars += len(left)
-        if is_big_repeat(left):
-            if is_run(left.strip()):
-                row.runs_left += 1
-            else:
-                row.repeats_left += 1
+        if case.by_design:
+            row.runs_left += 1
+            row.reasons[case.by_design] = row.reasons.get(case.by_design, 0) + 1
+        else:
+            row.repeats_left += 1
+            if len(row.sample) < 3:
+                row.sample.append(case.prefix[-30:] + " + " + case.continuation[:40])
     return list(rows.values())
 
 
-def totals(rows: list[Row], repeat: str | None = None) -> Row:
-    """The sum of ``rows`` (of one kind of continuation, or all)."""
+def totals(rows: list[Row], repeat: str | None = None, kinds: set[str] | None = None) -> Row:
+    """The sum of ``rows`` (of one family, of some kinds of text, or all)."""
     total = Row("all", repeat or "all")
     for row in rows:
-        if repeat is None or row.repeat == repeat:
+        if (repeat is None or row.repeat == repeat) and (kinds is None or row.kind in kinds):
             total.cases += row.cases
             total.exact += row.exact
             total.deleted_chars += row.deleted_chars
             total.repeats_left += row.repeats_left
             total.runs_left += row.runs_left
             total.left_chars += row.left_chars
+            total.sample += row.sample[: 3 - len(total.sample)]
+            for reason, count in row.reasons.items():
+                total.reasons[reason] = total.reasons.get(reason, 0) + count
     return total
+
+
+def kinds_of(rows: list[Row]) -> set[str]:
+    """The kinds of text the goal counts (all but the glued ambiguity's)."""
+    return {r.kind for r in rows} - {AMBIGUOUS}
 
 
 @dataclass
@@ -262,11 +497,14 @@ def long_prefix(chars: int) -> str:
 
 
 def time_long_repeat(
-    make_filter: Callable[[str], Filter], prefix_chars: int, repeat_chars: int
+    make_filter: Callable[[str], Filter], prefix_chars: int, repeat_chars: int, lead: str = ""
 ) -> LongRepeat:
-    """Feed one character at a time a repeat of the prefix's last ``repeat_chars``."""
+    """Feed one character at a time a repeat of the prefix's last ``repeat_chars``.
+
+    ``lead`` is " " for a repeat that starts with the space before its first word.
+    """
     prefix = long_prefix(prefix_chars)
-    start = prefix.index(" ", len(prefix) - repeat_chars) + 1
+    start = prefix.index(" ", len(prefix) - repeat_chars) + 1 - len(lead)
     continuation = prefix[start:] + " of it."
     began = time.perf_counter()
     out = _feed_one_by_one(make_filter, prefix, continuation)
@@ -276,7 +514,7 @@ def time_long_repeat(
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     return LongRepeat(
-        f"repeat of the last {repeat_chars:,} chars",
+        f"{'spaced' if lead else 'glued'} repeat of the last {repeat_chars:,} chars",
         len(prefix),
         len(continuation) - len(" of it."),
         out == " of it.",
@@ -290,49 +528,124 @@ def _feed_one_by_one(make_filter: Callable[[str], Filter], prefix: str, text: st
     return "".join([seam.feed(c) for c in text]) + seam.flush()
 
 
-def main(
-    quick: bool = False, make_filter: Callable[[str], Filter] = SeamFilter
-) -> tuple[list[Row], list[LongRepeat]]:
-    """Measure, print both tables, return the rows."""
-    rows = measure(make_filter, every=7 if quick else 1)
-    print(f"## Seam accuracy{' (quick: every 7th cut)' if quick else ''}; {machine_line()}")
+def _print_families(rows: list[Row]) -> None:
+    kinds = kinds_of(rows)
     headers = [
-        "text",
         "continuation",
         "cases",
         "output == uncut",
+        "removed % of all",
+        "removed % of removable",
+        "left: other",
         "chars wrongly deleted",
-        "repeats left (2+ words/12+ chars)",
-        "of which pattern runs",
-        "chars of repeat left",
+        *(f"kept: {reason}" for reason in REASONS),
     ]
-    order = [*REPEATS, "paragraph 1500+"]
-    ordered = sorted(rows, key=lambda r: (r.kind != "prose", r.kind, order.index(r.repeat)))
-    summary = [totals(rows, repeat) for repeat in order] + [totals(rows)]
+    body = []
+    for family in FAMILIES:
+        r = totals(rows, family, kinds)
+        if not r.cases:
+            continue
+        natural = family == "natural"
+        body.append(
+            (
+                family,
+                r.cases,
+                r.exact,
+                "-" if natural else f"{100.0 * r.exact / r.cases:.1f}",
+                "-" if natural else f"{r.removed_pct:.2f}",
+                r.repeats_left,
+                r.deleted_chars,
+                *(r.reasons.get(reason, 0) for reason in REASONS),
+            )
+        )
+    print(table(headers, body))
+    samples = [s for family in FAMILIES for s in totals(rows, family, kinds).sample[:1]]
+    if samples:
+        print("\nrepeats left in (not by design), first of each family:")
+        print("\n".join(f"  {s!r}" for s in samples))
+
+
+def _print_natural(rows: list[Row]) -> None:
+    headers = ["text", "natural cuts", "output == uncut", "chars wrongly deleted"]
+    natural = sorted((r for r in rows if r.repeat == "natural"), key=lambda r: r.kind)
+    total = totals(rows, "natural", kinds_of(rows))
     print(
         table(
             headers,
-            [
-                (
-                    r.kind,
-                    r.repeat,
-                    r.cases,
-                    r.exact,
-                    r.deleted_chars,
-                    r.repeats_left + r.runs_left,
-                    r.runs_left,
-                    r.left_chars,
-                )
-                for r in [*ordered, *(s for s in summary if s.cases)]
-            ],
+            [(r.kind, r.cases, r.exact, r.deleted_chars) for r in natural]
+            + [("all but squares", total.cases, total.exact, total.deleted_chars)],
         )
+    )
+
+
+def _print_ambiguities(measured: dict[str, list[Row]]) -> None:
+    headers = [
+        "rule",
+        "spaced 1-word repeats removed %",
+        "line-break repeats removed %",
+        "chars wrongly deleted, natural cuts",
+        "of which doubled-words text",
+        "squares text",
+    ]
+    body = []
+    for name, rows in measured.items():
+        kinds = kinds_of(rows)
+        spaced = totals(rows, "spaced 1 word", kinds)
+        broken = totals(rows, "line from its break", kinds)
+        natural = totals(rows, "natural", kinds)
+        doubled = totals(rows, "natural", {"doubled"})
+        squares = totals(rows, "natural", {AMBIGUOUS})
+        body.append(
+            (
+                name,
+                f"{100.0 * spaced.exact / spaced.cases:.2f}" if spaced.cases else "-",
+                f"{100.0 * broken.exact / broken.cases:.2f}" if broken.cases else "-",
+                natural.deleted_chars,
+                doubled.deleted_chars,
+                squares.deleted_chars,
+            )
+        )
+    print(table(headers, body))
+
+
+def main(
+    quick: bool = False,
+    make_filter: Callable[[str], Filter] = SeamFilter,
+    realwire: Path | None = REALWIRE,
+) -> tuple[list[Row], list[LongRepeat]]:
+    """Measure, print the tables, return the rows and the long repeats."""
+    every = 7 if quick else 1
+    texts = corpus(realwire)
+    streams = sum(1 for t in texts if t.kind == "realwire")
+    rows = measure(make_filter, every, texts)
+    quick_note = f" (quick: every 7th cut, the README's every {7 * QUICK_README}th)"
+    print(f"## Seam accuracy{quick_note if quick else ''}; {machine_line()}")
+    if realwire is None or not streams:
+        print(f"(no recorded real streams: {realwire} is absent; the corpus alone is cut)")
+    else:
+        print(f"(with the text of {streams} recorded real streams from {realwire})")
+    print()
+    _print_families(rows)
+    print()
+    print("## Natural cuts, per text")
+    _print_natural(rows)
+    print()
+    print("## The ambiguities, both ways")
+    families = {"natural", "spaced 1 word", "line from its break"}
+    _print_ambiguities(
+        {
+            "the rule: both kept": rows,
+            "single spaced word removed": measure(SpacedWordSeamFilter, every, texts, families),
+            "line-break repeat removed": measure(LineBreakSeamFilter, every, texts, families),
+        }
     )
     print()
     sizes = (20_000,) if quick else (200_000,)
     long = [
-        time_long_repeat(make_filter, size, repeat)
+        time_long_repeat(make_filter, size, repeat, lead)
         for size in sizes
         for repeat in (1_500, 20_000 if quick else 100_000)
+        for lead in ("", " ")
     ]
     print("## Long repeats, fed one character at a time")
     print(
@@ -358,4 +671,8 @@ def main(
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="every 7th cut: a smoke run")
-    main(parser.parse_args().quick)
+    parser.add_argument(
+        "--realwire", type=Path, default=REALWIRE, help="directory of recorded .sse streams"
+    )
+    arguments = parser.parse_args()
+    main(arguments.quick, realwire=arguments.realwire)

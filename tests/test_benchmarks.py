@@ -82,21 +82,51 @@ def test_write_growth_benchmark_counts_puts_and_bytes_per_store() -> None:
         assert written >= 1_600  # at least the text itself
 
 
-def test_seam_accuracy_benchmark_deletes_no_text_and_leaves_no_long_repeat(
+def test_seam_accuracy_benchmark_deletes_no_text_and_removes_every_removable_repeat(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     rows, long = seam_accuracy.main(quick=True)
 
-    total = seam_accuracy.totals(rows)
+    kinds = seam_accuracy.kinds_of(rows)
+    total = seam_accuracy.totals(rows, kinds=kinds)
     assert total.cases > 3_000
     assert total.deleted_chars == 0
-    assert total.repeats_left == 0  # pattern runs (kept by design) are counted apart
-    exact = seam_accuracy.totals(rows, "exact")
-    assert exact.exact == exact.cases
-    assert {r.repeat for r in rows} >= {"exact", "2 words", "sentence", "paragraph 1500+"}
-    assert {r.kind for r in rows} == {"prose", "markdown", "python", "json", "numbers", "cjk"}
+    assert total.repeats_left == 0  # what is kept by design is counted apart, by reason
+    natural = seam_accuracy.totals(rows, "natural", kinds)
+    assert natural.exact == natural.cases
+    assert {r.repeat for r in rows} >= {
+        "natural",
+        "glued 1 word",
+        "spaced 2 words",
+        "spaced 12 words",
+        "sentence spaced",
+        "line from its first word",
+        "line with its indentation",
+        "paragraph 1500+",
+    }
+    assert {r.kind for r in rows} >= {
+        "prose",
+        "markdown",
+        "python",
+        "json",
+        "numbers",
+        "cjk",
+        "doubled",
+        "squares",
+    }
     assert all(r.removed for r in long)
-    assert "chars wrongly deleted" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "chars wrongly deleted" in out
+    assert "The ambiguities, both ways" in out
+
+
+def test_seam_accuracy_benchmark_runs_without_the_recorded_streams(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    texts = seam_accuracy.corpus(tmp_path / "absent")
+    assert "realwire" not in {t.kind for t in texts}
+    rows = seam_accuracy.measure(every=50, texts=texts)
+    assert seam_accuracy.totals(rows, kinds=seam_accuracy.kinds_of(rows)).deleted_chars == 0
 
 
 @pytest.mark.slow

@@ -364,6 +364,28 @@ def test_killed_mid_text_the_replacement_continues_from_the_saved_prefix(world: 
     assert world.checkpoints() == []
 
 
+def test_killed_mid_text_a_replacement_answered_with_a_spaced_restart_repeats_nothing(
+    world: World,
+) -> None:
+    answer = " ".join(f"w{n:03d}" for n in range(49, 60)) + "."
+    prefix = answer[:16]  # role chunk + four 4-character deltas: "w049 w050 w051 w"
+    world.script(
+        Scenario(text=answer, fault=Fault.stall(STALL, after_events=5)),
+        Scenario(text=answer[answer.index(" w051") :]),  # the model restarts " w051 w052 ..."
+    )
+    first = world.start("first", prompt=PROMPT)
+    first.wait_event("put", text=prefix)
+    first.kill()
+
+    replacement = world.start("replacement")
+    assert replacement.wait_event("get")["found"] is True
+    replacement.finish()
+
+    assert world.requests() == [FRESH, continuation(prefix)]
+    assert_memory_holds_one_complete_turn(world, AIMessage(answer))
+    assert world.checkpoints() == []
+
+
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_killed_mid_tool_arguments_the_cut_off_call_never_runs(
     world: World, use_async: bool

@@ -7,6 +7,7 @@ caller saw, what the provider received, and what was retried.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from pydantic import BaseModel
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamInterruptedError
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
+from awaken_langchain.seam import is_word_start
 from awaken_langchain.testing import (
     Fault,
     LoopbackProvider,
@@ -203,6 +205,61 @@ async def test_words_repeated_at_the_seam_are_removed(
     chunks = await run(wrapper(provider, server, sleeps), mode)
     assert joined(chunks) == ANSWER
     assert final(chunks).response_metadata["awaken"]["regenerated_output_tokens"] >= 1
+
+
+def restarting_with_a_space(full: str, words: int, fault_after: int | None = None) -> Any:
+    """A model that restarts the prefix's last ``words`` words from the space before them.
+
+    Its tokens carry their leading space, so the restart begins with one
+    (``"… ant3 ant4"`` + ``" ant3 ant4 ant5 …"``). A first request is answered
+    with the whole text, cut after ``fault_after`` events when that is set.
+    """
+
+    def respond(request: RecordedRequest) -> Scenario:
+        assistant = [m for m in request.messages if m.get("role") == "assistant"]
+        prefix = _text_of(assistant[-1]["content"]) if assistant else ""
+        if not prefix:
+            fault = None if fault_after is None else Fault.drop_after_events(fault_after)
+            return Scenario(text=full, fault=fault)
+        assert full.startswith(prefix)
+        starts = [i for i in range(len(prefix)) if is_word_start(prefix, i)]
+        restart = starts[-min(words, len(starts))]
+        return Scenario(text=" " + full[restart:] if restart == 0 else full[restart - 1 :])
+
+    return respond
+
+
+@pytest.mark.parametrize("overlap_words", [2, 3, 20])  # 20: the whole prefix again
+@pytest.mark.parametrize("cut_after", [4, 7, 11])
+async def test_words_repeated_from_the_space_before_them_are_removed(
+    provider: str,
+    mode: str,
+    server: LoopbackProvider,
+    sleeps: Sleeps,
+    overlap_words: int,
+    cut_after: int,
+) -> None:
+    server.default = restarting_with_a_space(ANSWER, overlap_words)
+    server.enqueue(Scenario(text=ANSWER, fault=Fault.drop_after_events(cut_after)))
+    chunks = await run(wrapper(provider, server, sleeps), mode)
+    assert joined(chunks) == ANSWER
+    assert _text_of(final(chunks).content) == ANSWER
+    assert len(server.requests) == 2
+
+
+async def test_many_concurrent_turns_continued_after_a_spaced_restart_each_give_the_uncut_text(
+    provider: str, server: LoopbackProvider, sleeps: Sleeps
+) -> None:
+    answer = " ".join(f"ant{n}" for n in range(1, 41)) + "."
+    server.default = restarting_with_a_space(answer, 2, fault_after=6)
+    model = wrapper(provider, server, sleeps)
+
+    async def turn(number: int) -> str:
+        return joined([c async for c in model.astream(f"turn {number}")])
+
+    answers = await asyncio.gather(*(turn(n) for n in range(16)))
+    assert answers == [answer] * 16
+    assert len(server.requests) == 32  # every turn cut once and continued once
 
 
 async def test_stalled_stream_is_continued(

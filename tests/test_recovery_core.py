@@ -61,12 +61,13 @@ def feed_all(seam: SeamFilter, pieces: list[str]) -> str:
         ("The quick brown ", [" fox"], "fox"),
         ("The quick brown", [" fox"], " fox"),
         ("The quick brown ", ["quick ", "brown ", "fox"], "fox"),
-        ("The quick brown ", ["brown fox"], "brown fox"),  # one short word may be real
-        ("The quick brown", ["brown fox"], "brown fox"),
+        ("The quick brown ", ["brown fox"], "fox"),  # "brownbrown" is not text
+        ("The quick brown", ["brown fox"], " fox"),
         ("It was inter", ["was interrupted here"], "rupted here"),
-        ("It was inter", ["interrupted here"], "interrupted here"),
-        ("Hello, wor", ["world"], "world"),
-        ("The quick br", [" br", "own fox"], " brown fox"),  # leading space: exact
+        ("It was inter", ["interrupted here"], "rupted here"),
+        ("Hello, wor", ["world"], "ld"),
+        ("The quick br", [" br", "own fox"], " brown fox"),  # one word after a space may be real
+        ("The quick brown", [" quick br", "own fox"], " fox"),
         ("The quick brown fox ", ["quick brown fox", " jumps"], "jumps"),
         ("The quick brown fox ", ["ck brown fox", " jumps"], "ck brown fox jumps"),
         ("The quick br", ["quick br", "own fox"], "own fox"),
