@@ -17,6 +17,7 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, LLMResult
 from langchain_core.tools import tool
 from langchain_openai import ChatOpenAI
+from transport_errors import raises_cut
 
 from awaken_langchain import (
     AsyncStreamCheckpointHandler,
@@ -399,7 +400,7 @@ def test_chat_anthropic_stream_cut_mid_tool_call_is_checkpointed_with_its_text(
     ).bind_tools([lookup])
     handler = handler_for(store, checkpoint_every_chunks=100)
     run_id = uuid.uuid4()
-    with pytest.raises(httpx2.RemoteProtocolError):  # Anthropic's SDK leaves it unwrapped
+    with raises_cut(httpx2.RemoteProtocolError):
         drain(model.stream("weather?", config={"callbacks": [handler], "run_id": run_id}))
     saved = store.get(str(run_id))
     assert saved is not None

@@ -13,6 +13,7 @@ import pytest
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, ToolMessage
 from langchain_openai import ChatOpenAI
+from transport_errors import raises_cut
 
 from awaken_langchain.testing import (
     Fault,
@@ -196,7 +197,7 @@ def test_drop_inside_thinking_leaves_an_unsigned_prefix(server: LoopbackProvider
     fault = Fault.drop_after_events(5)
     server.enqueue(Scenario(text=TEXT, thinking=[ScriptedThinking(THINKING)], fault=fault))
     received: list[Any] = []
-    with pytest.raises(httpx2.RemoteProtocolError):
+    with raises_cut(httpx2.RemoteProtocolError):
         received.extend(chunk for chunk in chat(server).stream("hi"))
     (thinking,) = merge(received).content
     assert isinstance(thinking, dict)
