@@ -358,15 +358,20 @@ def locker(diskcache_store: DiskCacheStreamCheckpointStore) -> Iterator[Locker]:
 
 @pytest.mark.slow
 async def test_a_diskcache_locked_by_another_process_costs_a_turn_one_warning_not_its_speed(
-    drive: Drive, diskcache_store: DiskCacheStreamCheckpointStore, locker: Locker
+    drive: Drive, diskcache_store: DiskCacheStreamCheckpointStore
 ) -> None:
     store = diskcache_store
     model = wrap(paced(TEXT, 1.0), store)
     healthy = await stream_turn(drive, model)
 
-    sick = await stream_turn(drive, model, at=(SICK_AT, locker.lock))
-    locker.let_go()  # held until the turn returned, however slow the machine
-    locker.released()
+    # held until the turn returned, however slow the machine (a minute at most)
+    locker = Locker(store.directory / "cache.db", 60)
+    try:
+        sick = await stream_turn(drive, model, at=(SICK_AT, locker.lock))
+        locker.let_go()
+        locker.released()
+    finally:
+        locker.close()
 
     assert_not_slowed(sick, healthy)
 
