@@ -67,6 +67,18 @@ def _cache_child_bytecode() -> None:
 
 _cache_child_bytecode()
 
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than this process may use cores.
+
+    About a third of the suite's time is spent waiting, not computing: paced
+    streams, stalls and deadlines that must run out, child processes starting.
+    One more worker keeps the cores busy meanwhile (measured on 2 cores: 5 min
+    14 s with 3 workers, 8 min 15 s with 2, on an equally shared machine).
+    """
+    return len(os.sched_getaffinity(0)) + 1
+
+
 pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]
 
 __all__ = ["redis_server"]  # the session fixture, defined with the server helper
