@@ -230,7 +230,10 @@ _shared: RedisServer | None = None
 def shared_redis_server() -> RedisServer:
     """Return this process's shared test server, starting it on first use.
 
-    It is stopped when the process exits; tests keep apart by key prefix.
+    It is stopped when the process exits; tests keep apart by key prefix. Each
+    pytest-xdist worker is a process of its own, so each starts its own server
+    on its own free port: no two workers share a server, and a test that counts
+    a server's clients or keys sees only its own worker's.
     """
     global _shared
     if _shared is None:

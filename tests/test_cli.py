@@ -621,10 +621,15 @@ def test_chat_finishes_the_turn_a_killed_chat_process_left(
             process.stdin.flush()
             saved = None
             deadline = time.monotonic() + 90
+            # Watch read-only: opening the store for writing takes SQLite's write lock,
+            # and the chat's opening claim waits only checkpoint_deadline (0.5 s) for it
+            # before the turn goes on without checkpoints.
             while saved is None and time.monotonic() < deadline:
                 time.sleep(0.1)
-                if (tmp_path / "checkpoints").is_dir():
-                    with DiskCacheStreamCheckpointStore(tmp_path / "checkpoints") as store:
+                if (tmp_path / "checkpoints" / "cache.db").is_file():
+                    with DiskCacheStreamCheckpointStore(
+                        tmp_path / "checkpoints", read_only=True
+                    ) as store:
                         found = store.list_checkpoints()
                     saved = found[0] if found and found[0].partial_text else None
             assert saved is not None, "the chat process never checkpointed its turn"

@@ -51,7 +51,8 @@ from awaken_langchain.testing._wire import (
 from awaken_langchain.testing.server import RecordedRequest
 from tests.conftest import Drive, loopback_client
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+ASYNC = pytest.mark.asyncio(loop_scope="module")
+"""Marks each async test: the SDKs' async clients are kept for the module's loop."""
 
 
 async def _no_wait(_seconds: float) -> None:
@@ -202,6 +203,7 @@ def rejected(server: LoopbackProvider) -> list[str | None]:
 # -- no fault: the wrapped message is the bare one ----------------------------------------
 
 
+@ASYNC
 @pytest.mark.parametrize("surface", SURFACES)
 @pytest.mark.parametrize("scenario", [THINK_AND_TEXT, CITED], ids=["thinking", "cited-call"])
 async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
@@ -224,6 +226,7 @@ async def test_with_no_fault_the_wrapped_message_equals_the_bare_one(
     assert not rejected(second)
 
 
+@ASYNC
 @pytest.mark.parametrize("provider", ["openai", "responses", "anthropic"])
 async def test_output_version_set_on_the_wrapper_shapes_a_streamed_tool_call(
     servers: Callable[[], LoopbackProvider], provider: str, drive: Drive
@@ -242,6 +245,7 @@ async def test_output_version_set_on_the_wrapper_shapes_a_streamed_tool_call(
     assert not rejected(server)
 
 
+@ASYNC
 async def test_plain_chat_completions_text_stays_a_string(
     servers: Callable[[], LoopbackProvider], drive: Drive
 ) -> None:
@@ -291,6 +295,7 @@ def without_message_ids(value: Any) -> Any:
     return value
 
 
+@ASYNC
 @pytest.mark.parametrize(("surface", "cut"), CASES)
 async def test_a_recovered_turn_equals_the_uncut_one(
     servers: Callable[[], LoopbackProvider], surface: str, cut: str, drive: Drive
@@ -314,6 +319,7 @@ async def test_a_recovered_turn_equals_the_uncut_one(
     assert not rejected(server)
 
 
+@ASYNC
 async def test_a_cut_inside_thinking_never_shows_the_unsigned_block(
     servers: Callable[[], LoopbackProvider], drive: Drive
 ) -> None:
@@ -333,6 +339,7 @@ async def test_a_cut_inside_thinking_never_shows_the_unsigned_block(
     assert merged(chunks).response_metadata["awaken"]["plans"] == ["R4"]
 
 
+@ASYNC
 async def test_a_continuation_sends_the_signed_thinking_first_and_the_stripped_prefix(
     servers: Callable[[], LoopbackProvider], drive: Drive
 ) -> None:
@@ -368,6 +375,7 @@ def agent_steps() -> list[Scenario]:
     ]
 
 
+@ASYNC
 @pytest.mark.parametrize("fault", [None, Fault.drop_after_events(10)], ids=["uncut", "cut"])
 async def test_an_agent_loop_with_thinking_sends_every_step_as_anthropic_requires(
     servers: Callable[[], LoopbackProvider], fault: Fault | None, drive: Drive
@@ -412,6 +420,7 @@ def plain(provider: str, server: LoopbackProvider) -> BaseChatModel:
     return loopback_client("openai", server)
 
 
+@ASYNC
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 async def test_an_agent_with_a_response_format_reads_the_inner_models_identity(
     servers: Callable[[], LoopbackProvider], provider: str, drive: Drive
@@ -432,6 +441,7 @@ async def test_an_agent_with_a_response_format_reads_the_inner_models_identity(
 # -- checkpoints keep whole blocks ---------------------------------------------------------
 
 
+@ASYNC
 async def test_a_resumed_turn_replays_its_whole_blocks_and_finishes_uncut(
     servers: Callable[[], LoopbackProvider], drive: Drive
 ) -> None:
@@ -481,6 +491,7 @@ TWO_CALLS = dataclasses.replace(THINK_AND_CALL, tool_calls=[CALL, SECOND])
 R2_CUTS = {"anthropic": 22, "responses/v1": 29, "v1": 29}  # inside the second call's arguments
 
 
+@ASYNC
 @pytest.mark.parametrize("surface", list(R2_CUTS))
 async def test_a_turn_cut_inside_its_second_call_ends_with_the_first_as_documented(
     servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
@@ -498,6 +509,7 @@ async def test_a_turn_cut_inside_its_second_call_ends_with_the_first_as_document
     assert len(server.requests) == 1
 
 
+@ASYNC
 async def test_a_configurable_inner_model_is_resolved_from_each_calls_config(
     servers: Callable[[], LoopbackProvider], drive: Drive
 ) -> None:
@@ -555,6 +567,7 @@ def continuing(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest], Sc
     return respond
 
 
+@ASYNC
 @pytest.mark.parametrize("surface", list(RESUMED))
 async def test_a_turn_resumed_by_another_process_keeps_its_citations_at_every_cut(
     servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
@@ -622,6 +635,7 @@ def test_a_record_without_text_blocks_still_loads_and_resumes_its_text() -> None
     assert [c.content for c in replayed] == [[{"type": "text", "text": "Hello", "index": 0}]]
 
 
+@ASYNC
 @pytest.mark.parametrize("surface", ["responses/v1", "v1"])
 async def test_a_continuation_that_repeats_the_end_keeps_the_original_text_items_id(
     servers: Callable[[], LoopbackProvider], surface: str, drive: Drive
@@ -681,6 +695,7 @@ def cut_first(fault: Fault) -> Callable[[RecordedRequest], Scenario]:
     return respond
 
 
+@ASYNC
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("cut", [None, 3, 6], ids=["uncut", "cut-3", "cut-6"])
 async def test_tools_bound_on_a_configurable_inner_model_go_to_the_model_each_call_picks(
@@ -704,6 +719,7 @@ async def test_tools_bound_on_a_configurable_inner_model_go_to_the_model_each_ca
     assert not rejected(server)
 
 
+@ASYNC
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
 @pytest.mark.parametrize("cut", [None, 3, 6], ids=["uncut", "cut-3", "cut-6"])
 async def test_structured_output_on_a_configurable_inner_model_parses_for_the_model_each_call_picks(
@@ -734,6 +750,7 @@ def without_empty_strings(content: Any) -> Any:
     return [b for b in content if b != ""] if isinstance(content, list) else content
 
 
+@ASYNC
 @pytest.mark.parametrize("fault", [None, Fault.drop_after_events(6)], ids=["uncut", "cut-cited"])
 async def test_citations_without_tools_keep_every_piece_of_text_that_came_as_a_string(
     servers: Callable[[], LoopbackProvider], fault: Fault | None, drive: Drive
@@ -781,6 +798,7 @@ def thinking_first(answer: Scenario, fault: Fault) -> Callable[[RecordedRequest]
 TEXT_CUTS = range(10, 13)  # after the text pieces "Utrecht ", "lies on ", "the Vech"
 
 
+@ASYNC
 @pytest.mark.parametrize("events", TEXT_CUTS)
 async def test_a_continuation_opening_with_thinking_keeps_the_text_exact(
     servers: Callable[[], LoopbackProvider], events: int, drive: Drive
@@ -881,6 +899,7 @@ def restored(kind: str, answer: Scenario, arrived: set[int], sent: int) -> list[
     return out
 
 
+@ASYNC
 @pytest.mark.parametrize("kind", CONTINUATIONS)
 @pytest.mark.parametrize("surface", ["responses/v1", "v1", "v0"])
 async def test_a_responses_cut_keeps_the_annotations_that_arrived_or_the_continuation_restores(

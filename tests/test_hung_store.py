@@ -358,15 +358,20 @@ def locker(diskcache_store: DiskCacheStreamCheckpointStore) -> Iterator[Locker]:
 
 @pytest.mark.slow
 async def test_a_diskcache_locked_by_another_process_costs_a_turn_one_warning_not_its_speed(
-    drive: Drive, diskcache_store: DiskCacheStreamCheckpointStore, locker: Locker
+    drive: Drive, diskcache_store: DiskCacheStreamCheckpointStore
 ) -> None:
     store = diskcache_store
     model = wrap(paced(TEXT, 1.0), store)
     healthy = await stream_turn(drive, model)
 
-    sick = await stream_turn(drive, model, at=(SICK_AT, locker.lock))
-    locker.let_go()  # held until the turn returned, however slow the machine
-    locker.released()
+    # held until the turn returned, however slow the machine (a minute at most)
+    locker = Locker(store.directory / "cache.db", 60)
+    try:
+        sick = await stream_turn(drive, model, at=(SICK_AT, locker.lock))
+        locker.let_go()
+        locker.released()
+    finally:
+        locker.close()
 
     assert_not_slowed(sick, healthy)
 
@@ -508,7 +513,8 @@ async def test_a_closing_write_the_turn_gave_up_waiting_for_still_lands() -> Non
     inner = ScriptedChatModel(scripts=[[*text("x" * 64), finish()]])
     model = RecoveringChatModel(model=inner, store=store, checkpoint_deadline=0.2)
     run_id = uuid.uuid4()
-    answer = await model.ainvoke("q", config={"run_id": run_id})
+    with pytest.warns(StreamCheckpointWarning, match="did not answer within 0.2 s"):
+        answer = await model.ainvoke("q", config={"run_id": run_id})
     assert answer.content == "x" * 64  # the turn did not wait for the store
     release.set()
     writer = writer_for(store)

@@ -580,7 +580,10 @@ def test_a_failed_release_by_the_next_model_call_warns_and_the_turn_goes_on(
     app, connection = chat_graph(wrapper, db)
     app.invoke({"messages": [HumanMessage("first")]}, THREAD)
     store.refused = memory(db)[-1].response_metadata["awaken"]["checkpoint_key"]
-    with caplog.at_level(logging.WARNING, logger="awaken_langchain"):
+    with (
+        caplog.at_level(logging.WARNING, logger="awaken_langchain"),
+        pytest.warns(StreamCheckpointWarning, match="delete refused"),
+    ):
         app.invoke({"messages": [HumanMessage("second")]}, THREAD)
     connection.close()
     assert "delete refused" in caplog.text

@@ -17,7 +17,7 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.checkpoint import CompletedToolCall, InFlightToolCall
-from awaken_langchain.errors import StreamInterruptedError
+from awaken_langchain.errors import StreamCheckpointWarning, StreamInterruptedError
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
 from awaken_langchain.retry import RetryPolicy
@@ -239,7 +239,8 @@ async def test_a_failing_store_never_fails_the_turn(tmp_path: Path, drive: Drive
     (tmp_path / "store").write_text("not a directory")
     model, _ = process(store, [*text("Still "), reset()], [*text("fine."), finish()])
     events = _Events()
-    message = await drive.invoke(model, "q", config={"callbacks": [events]})
+    with pytest.warns(StreamCheckpointWarning, match="the turn goes on without it"):
+        message = await drive.invoke(model, "q", config={"callbacks": [events]})
     assert message.content == "Still fine."
     assert "awaken_checkpoint_warning" in events.names
 
@@ -255,7 +256,8 @@ async def test_a_writer_fenced_out_stops_checkpointing_and_still_finishes(drive:
     store.put(
         StreamCheckpoint(run_id=key, partial_text="owned by the new process", epoch=new_epoch)
     )
-    received += [c async for c in stream]
+    with pytest.warns(StreamCheckpointWarning, match="fenced out"):
+        received += [c async for c in stream]
     assert "".join(str(c.content) for c in received) == "a" * 30
     saved = store.get(key)
     assert saved is not None
@@ -283,7 +285,8 @@ async def test_a_turn_fenced_at_its_closing_write_does_not_claim_a_kept_checkpoi
     stream = drive.iterate(model, "q", config=run_config(run_id))
     received = [await anext(stream)]
     _fenced_at_the_closing_write(store, run_id)
-    received += [c async for c in stream]
+    with pytest.warns(StreamCheckpointWarning, match="fenced out"):
+        received += [c async for c in stream]
     awaken = received[-1].response_metadata["awaken"]
     assert awaken["checkpoint_complete"] is False  # release_committed must not delete the run
     saved = store.get(str(run_id))

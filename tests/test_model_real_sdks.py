@@ -32,7 +32,8 @@ from awaken_langchain.testing import (
 from tests.conftest import Sleeps, loopback_client
 
 # one event loop for the module: the SDKs' async clients are shared between tests
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+ASYNC = pytest.mark.asyncio(loop_scope="module")
+"""Marks each async test: the SDKs' async clients are kept for the module's loop."""
 
 ANSWER = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun."
 PROVIDERS = ["openai", "anthropic"]
@@ -103,6 +104,7 @@ def mode(request: pytest.FixtureRequest) -> str:
 # -- before output ---------------------------------------------------------------------
 
 
+@ASYNC
 @pytest.mark.parametrize(
     "fault",
     [
@@ -126,6 +128,7 @@ async def test_retryable_failure_before_output_is_retried_invisibly(
     assert final(chunks).response_metadata["awaken"]["plans"] == ["R4"]
 
 
+@ASYNC
 async def test_retry_after_hint_is_honoured_and_capped(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -134,6 +137,7 @@ async def test_retry_after_hint_is_honoured_and_capped(
     assert sleeps.waits == [60.0]
 
 
+@ASYNC
 @pytest.mark.parametrize(
     "fault",
     [
@@ -166,6 +170,7 @@ async def test_permanent_error_is_raised_as_the_provider_raised_it_after_one_req
 # -- after output -------------------------------------------------------------------------
 
 
+@ASYNC
 @pytest.mark.parametrize(
     "fault",
     [
@@ -196,6 +201,7 @@ async def test_interruption_after_output_is_continued_without_repeating_text(
     assert DEFAULT_CONTINUATION_PROMPT not in joined(chunks)
 
 
+@ASYNC
 @pytest.mark.parametrize("overlap_words", [2, 3, 5, 20])  # 20: the whole prefix again
 async def test_words_repeated_at_the_seam_are_removed(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps, overlap_words: int
@@ -229,6 +235,7 @@ def restarting_with_a_space(full: str, words: int, fault_after: int | None = Non
     return respond
 
 
+@ASYNC
 @pytest.mark.parametrize("overlap_words", [2, 3, 20])  # 20: the whole prefix again
 @pytest.mark.parametrize("cut_after", [4, 7, 11])
 async def test_words_repeated_from_the_space_before_them_are_removed(
@@ -247,6 +254,7 @@ async def test_words_repeated_from_the_space_before_them_are_removed(
     assert len(server.requests) == 2
 
 
+@ASYNC
 async def test_many_concurrent_turns_continued_after_a_spaced_restart_each_give_the_uncut_text(
     provider: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -262,6 +270,7 @@ async def test_many_concurrent_turns_continued_after_a_spaced_restart_each_give_
     assert len(server.requests) == 32  # every turn cut once and continued once
 
 
+@ASYNC
 async def test_stalled_stream_is_continued(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -272,6 +281,7 @@ async def test_stalled_stream_is_continued(
     assert final(chunks).response_metadata["awaken"]["interruptions"][0]["kind"] == "timeout"
 
 
+@ASYNC
 async def test_several_interruptions_in_one_turn(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -294,6 +304,7 @@ async def test_several_interruptions_in_one_turn(
     assert final(chunks_seen).response_metadata["awaken"]["continuations"] == 2
 
 
+@ASYNC
 async def test_exhausted_recovery_raises_with_the_partial_answer(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -317,6 +328,7 @@ def transfer(to: str, amount: int, confirm: bool = False) -> str:
 ARGS = {"to": "alice", "amount": 100, "confirm": True}
 
 
+@ASYNC
 async def test_cut_off_tool_call_after_text_is_dropped_and_reissued(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -339,6 +351,7 @@ async def test_cut_off_tool_call_after_text_is_dropped_and_reissued(
             assert json.loads(piece["args"]) == ARGS  # only whole calls were yielded
 
 
+@ASYNC
 async def test_complete_tool_calls_finish_the_turn_when_a_later_call_is_cut_off(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -354,6 +367,7 @@ async def test_complete_tool_calls_finish_the_turn_when_a_later_call_is_cut_off(
     assert len(server.requests) == 1
 
 
+@ASYNC
 async def test_invoke_goes_through_the_same_recovery(
     provider: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:
@@ -370,6 +384,7 @@ class Answer(BaseModel):
     value: int
 
 
+@ASYNC
 async def test_structured_output_keeps_the_wrapper_and_recovers(
     provider: str, mode: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:

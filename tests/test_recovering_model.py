@@ -367,8 +367,10 @@ async def test_cancelling_the_caller_is_not_reported_as_a_stall() -> None:
 
 
 async def test_a_read_is_never_cut_before_it_has_lasted_the_idle_timeout(drive: Drive) -> None:
-    waits = [step for chunk in text("a b c d e f g h ") for step in (Stall(0.15), chunk)]
-    model, inner = wrap([*waits, finish()], stream_idle_timeout=0.2)
+    # Each read waits 0.15 s, well inside the timeout even on a loaded machine; together
+    # they wait twice the timeout, so a watch that did not restart with each read would cut.
+    waits = [step for chunk in text("a b c d e f g h ", size=2) for step in (Stall(0.15), chunk)]
+    model, inner = wrap([*waits, finish()], stream_idle_timeout=0.6)
     message = await drive.invoke(model, "x")
     assert message.content == "a b c d e f g h "
     assert message.response_metadata["awaken"]["interruptions"] == []

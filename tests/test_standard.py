@@ -28,6 +28,10 @@ pytestmark = [
     pytest.mark.filterwarnings(
         "ignore:The test <Function .* is marked with '@pytest.mark.asyncio'"
     ),
+    # the standard suite asks for what the integrations warn about: a pydantic.v1
+    # schema with json_schema (langchain-openai), json_mode on ChatAnthropic
+    pytest.mark.filterwarnings("ignore:Received a Pydantic BaseModel V1 schema:UserWarning"),
+    pytest.mark.filterwarnings("ignore:Unrecognized structured output method 'json_mode'"),
 ]
 
 _SERVER: LoopbackProvider | None = None

@@ -12,6 +12,7 @@ import pytest
 
 from awaken_langchain import DiskCacheStreamCheckpointStore, InMemoryStreamCheckpointStore
 from awaken_langchain.checkpoint import CompletedToolCall, StreamCheckpoint
+from awaken_langchain.errors import StreamCheckpointWarning
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.stores import _base
 from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
@@ -52,7 +53,8 @@ def test_forged_checkpoint_is_resumed_without_a_key_and_refused_with_one(
     assert [call["name"] for call in injected.tool_calls] == ["transfer"]
 
     forge(tmp_path / "signed", run_id)
-    answer = answer_from(tmp_path / "signed", run_id, signing_key=KEY)
+    with pytest.warns(StreamCheckpointWarning, match="signature did not verify"):
+        answer = answer_from(tmp_path / "signed", run_id, signing_key=KEY)
     assert answer.tool_calls == []
     assert answer.content == "The weather is mild."
     assert "signature did not verify" in caplog.text
