@@ -24,6 +24,7 @@ from awaken_langchain import (
 from awaken_langchain.stores._base import SIGNING_KEY_ENV, DeltaCheckpointStore, Head
 from awaken_langchain.testing.conformance import StoreConformanceTests
 from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
+from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 
 BACKENDS = {backend.name: backend for backend in STORE_BACKENDS}
 
@@ -61,6 +62,18 @@ class ProjectStoreKit(StoreConformanceTests):
         return reopen(self._factory, store, **settings)
 
 
+POSTGRES = StoreBackend(
+    name="postgres",
+    make=postgres_store_on,
+    corrupt=corrupt_postgres,
+    durable=True,
+    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
+    uses_directory=False,
+    records=postgres_records,
+)
+"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
+
+
 class TestMemoryStoreConformance(ProjectStoreKit):
     backend = BACKENDS["memory"]
 
@@ -77,7 +90,18 @@ class TestRedisStoreConformance(ProjectStoreKit):
     backend = BACKENDS["redis"]
 
 
+class TestPostgresStoreConformance(ProjectStoreKit):
+    backend = POSTGRES
+
+
 # -- what only the project's own backends can show ----------------------------------------
+
+
+@pytest.fixture(params=[*STORE_BACKENDS, POSTGRES], ids=lambda backend: backend.name)
+def store_backend(request: pytest.FixtureRequest) -> StoreBackend:
+    """Each store backend in turn, PostgreSQL included."""
+    backend: StoreBackend = request.param
+    return backend
 
 
 def make_checkpoint(
