@@ -6,6 +6,7 @@ The contract itself (round trips, appends, fencing, expiry, gc, signing) runs in
 
 from __future__ import annotations
 
+import asyncio
 import io
 import time
 import uuid
@@ -245,3 +246,34 @@ def test_checkpoints_cli_names_an_unreachable_postgres_without_its_password() ->
     assert status != 0
     assert "never-shown-secret" not in printed
     assert f"postgresql://app:***@127.0.0.1:{port}/app" in printed
+
+
+# -- the async twins ------------------------------------------------------------------------
+
+
+def test_async_twins_run_on_the_loops_own_pool_and_close_it_with_the_loop(
+    postgres_server: PostgresServer, store: object
+) -> None:
+    async def turn() -> tuple[str | None, int]:
+        epoch = await store.aclaim("run-1")  # type: ignore[attr-defined]
+        await store.aput(checkpoint(text="async", epoch=epoch))  # type: ignore[attr-defined]
+        await store.aput(checkpoint(text="async text", epoch=epoch))  # type: ignore[attr-defined]
+        got = await store.aget("run-1")  # type: ignore[attr-defined]
+        return (got.partial_text if got else None), len(store._loop_pools)  # type: ignore[attr-defined]
+
+    for _ in range(3):  # a fresh loop each time: no pool of a finished loop is kept
+        assert asyncio.run(turn()) == ("async text", 1)
+        assert store._loop_pools == {}  # type: ignore[attr-defined]
+    got = store.get("run-1")  # type: ignore[attr-defined]
+    assert got is not None
+    assert got.partial_text == "async text"
+
+
+def test_async_unreachable_server_fails_within_the_deadline() -> None:
+    store = Store(f"postgresql://app:never-shown-secret@127.0.0.1:{free_port()}/app", timeout=1)
+    started = time.monotonic()
+    with pytest.raises(StreamCheckpointError) as caught:
+        asyncio.run(store.aget("run-1"))
+    assert time.monotonic() - started < 1 + 2.0
+    assert "never-shown-secret" not in str(caught.value)
+    store.close()

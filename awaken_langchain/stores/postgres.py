@@ -30,12 +30,14 @@ seconds, so a hung database costs an operation at most that long.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
 try:
@@ -48,7 +50,11 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "install them with: pip install 'awaken-langchain[postgres]'"
     ) from exc
 
-from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES
+from awaken_langchain.checkpoint import (
+    DEFAULT_MAX_CHECKPOINT_BYTES,
+    StreamCheckpoint,
+    check_run_id,
+)
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
@@ -131,7 +137,9 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
     Give either a ``dsn`` (the store creates, owns and closes a connection pool)
     or a ready ``psycopg_pool.ConnectionPool`` (borrowed: the store never
     closes it). The tables are created on first use (see the module docstring).
-    The async methods run the sync ones in a worker thread.
+    The async methods run the same statements on an asyncio pool of the running
+    event loop (closed when the loop shuts down, or by ``await store.aclose()``);
+    with a borrowed pool they run the sync methods in a worker thread.
 
     Example:
         ```python
@@ -208,6 +216,13 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
         timeout_ms = str(max(1, round(self.timeout * 1000)))
         self._session_timeouts = pool is not None
         self._timeout_ms = timeout_ms
+        self._max_connections = max_connections
+        self._connect_kwargs: dict[str, Any] = {
+            "connect_timeout": max(2, round(self.timeout)),
+            "options": f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
+        }
+        self._loop_pools: dict[asyncio.AbstractEventLoop, Any] = {}
+        self._loop_guards: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
         self._connect_error: BaseException | None = None
         """Why the store's own pool last failed to connect (it retries in the background)."""
         if pool is None:
@@ -218,10 +233,7 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
                 max_size=max_connections,
                 open=False,
                 timeout=self.timeout,
-                kwargs={
-                    "connect_timeout": max(2, round(self.timeout)),
-                    "options": f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
-                },
+                kwargs=self._connect_kwargs,
             )
         self._pool = pool
         self._opened = False
@@ -360,40 +372,121 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
                 f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
             ) from exc
 
-    @staticmethod
-    def _current(conn: Any, statement: Any, key: bytes | None) -> int:
-        row = conn.execute(statement, () if key is None else (key,)).fetchone()
-        return 0 if row is None else int(row[0])
-
     # -- primitives ---------------------------------------------------------------------
 
-    def _backend_claim(self, run_id: str) -> int:
-        key = run_id_bytes(run_id)
+    # -- primitives, as steps that the sync and the async driver both run ----------------
+    #
+    # A step generator yields (statement name, parameters) and is sent back the rows
+    # the statement returned and its row count; "rollback" undoes the transaction so
+    # far. The driver runs all of one generator's statements in one transaction.
+
+    def _run(self, steps: _Steps[_T]) -> _T:
+        """Run ``steps`` on a pooled connection, in one transaction."""
         with self._connection() as conn:
-            floor = self._current(conn, self._sql["floor_shared"], None)
-            row = conn.execute(
-                self._sql["claim"], (key, next_epoch(0, floor), self._keep_until(), floor)
-            ).fetchone()
-            return int(row[0])
+            try:
+                name, params = next(steps)
+                while True:
+                    if name == "rollback":
+                        conn.rollback()
+                        reply = _Reply([], 0)
+                    else:
+                        cursor = conn.execute(self._sql[name], params)
+                        rows = cursor.fetchall() if cursor.description is not None else []
+                        reply = _Reply(rows, cursor.rowcount)
+                    name, params = steps.send(reply)
+            except StopIteration as done:
+                result: _T = done.value
+                return result
+
+    def _claim_steps(self, run_id: str) -> _Steps[int]:
+        key = run_id_bytes(run_id)
+        floor = _first((yield ("floor_shared", ())))
+        claimed = yield ("claim", (key, next_epoch(0, floor), self._keep_until(), floor))
+        return _first(claimed)
+
+    def _collect_steps(self) -> _Steps[None]:
+        yield ("floor_update", ())
+        removed = yield ("collect", (self.clock(),))
+        if removed.rows:
+            yield ("raise_floor", (max(int(row[0]) for row in removed.rows),))
+
+    def _replace_steps(self, head: Head, text: bytes, epoch: int) -> _Steps[Head]:
+        key = run_id_bytes(head.run_id)
+        current = _first((yield ("epoch_share", (key,))))
+        check_epoch(head.run_id, epoch, current, action="put")
+        yield ("upsert_head", (key, head.encode(), head.write_id))
+        yield ("drop_segments", (key,))
+        if text:
+            yield ("add_segment", (key, 0, text))
+        return head
+
+    def _append_steps(
+        self, head: Head, delta: bytes, epoch: int, expect: LastWrite
+    ) -> _Steps[Head | None]:
+        sizes = _segments(expect.extra)
+        if sizes is None or _segments(head.extra) is None:
+            return None
+        first, _ = plan_append(sizes, len(delta))
+        key = run_id_bytes(head.run_id)
+        current = _first((yield ("epoch_share", (key,))))
+        check_epoch(head.run_id, epoch, current, action="put")
+        updated = yield ("update_head", (head.encode(), head.write_id, key, expect.write_id))
+        if updated.count != 1:  # someone else wrote since: the caller rewrites
+            yield ("rollback", ())
+            return None
+        if first == len(sizes):
+            yield ("add_segment", (key, first, delta))
+        else:
+            yield ("merge_segments", (key, first, delta, key, first))
+            yield ("drop_segments_after", (key, first))
+        return head
+
+    def _load_steps(self, run_id: str) -> _Steps[tuple[Head, bytes] | None]:
+        loaded = yield ("load", (run_id_bytes(run_id),))
+        if not loaded.rows:
+            return None
+        raw, text = loaded.rows[0]
+        return decode_head(bytes(raw), run_id=run_id), bytes(text)
+
+    def _delete_steps(
+        self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
+    ) -> _Steps[bool]:
+        key = run_id_bytes(run_id)
+        current = _first((yield ("epoch_update", (key,))))
+        if epoch is not None:
+            check_epoch(run_id, epoch, current, action="delete")
+        locked = yield ("lock_head", (key,))
+        if not locked.rows:
+            return False
+        head = None if condition is None else decode_head(bytes(locked.rows[0][0]), run_id=run_id)
+        if head is not None and condition is not None and not condition(head):
+            return False
+        yield ("delete_head", (key,))
+        yield ("drop_segments", (key,))
+        yield ("keep_epoch", (self._keep_until(head), key))
+        return True
+
+    def _backend_claim(self, run_id: str) -> int:
+        return self._run(self._claim_steps(run_id))
 
     def _backend_collect_epochs(self) -> None:
-        with self._connection() as conn:
-            conn.execute(self._sql["floor_update"])
-            removed = conn.execute(self._sql["collect"], (self.clock(),)).fetchall()
-            if removed:
-                conn.execute(self._sql["raise_floor"], (max(int(row[0]) for row in removed),))
+        self._run(self._collect_steps())
 
     def _backend_replace(self, head: Head, text: bytes, epoch: int) -> Head:
-        key = run_id_bytes(head.run_id)
-        with self._connection() as conn:
-            check_epoch(
-                head.run_id, epoch, self._current(conn, self._sql["epoch_share"], key), action="put"
-            )
-            conn.execute(self._sql["upsert_head"], (key, head.encode(), head.write_id))
-            conn.execute(self._sql["drop_segments"], (key,))
-            if text:
-                conn.execute(self._sql["add_segment"], (key, 0, text))
-        return head
+        return self._run(self._replace_steps(head, text, epoch))
+
+    def _backend_append(
+        self, head: Head, delta: bytes, epoch: int, expect: LastWrite
+    ) -> Head | None:
+        return self._run(self._append_steps(head, delta, epoch, expect))
+
+    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
+        return self._run(self._load_steps(run_id))
+
+    def _backend_delete(
+        self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
+    ) -> bool:
+        return self._run(self._delete_steps(run_id, epoch, condition))
 
     def _append_layout(self, last: LastWrite, delta: int) -> dict[str, Any]:
         sizes = _segments(last.extra)
@@ -402,67 +495,169 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
     def _rewrite_layout(self, text_bytes: int) -> dict[str, Any]:
         return {"segments": [text_bytes] if text_bytes else []}
 
-    def _backend_append(
-        self, head: Head, delta: bytes, epoch: int, expect: LastWrite
-    ) -> Head | None:
-        sizes = _segments(expect.extra)
-        if sizes is None or _segments(head.extra) is None:
-            return None
-        first, _ = plan_append(sizes, len(delta))
-        key = run_id_bytes(head.run_id)
-        with self._connection() as conn:
-            check_epoch(
-                head.run_id, epoch, self._current(conn, self._sql["epoch_share"], key), action="put"
-            )
-            updated = conn.execute(
-                self._sql["update_head"], (head.encode(), head.write_id, key, expect.write_id)
-            )
-            if updated.rowcount != 1:
-                conn.rollback()
-                return None
-            if first == len(sizes):
-                conn.execute(self._sql["add_segment"], (key, first, delta))
-            else:
-                conn.execute(self._sql["merge_segments"], (key, first, delta, key, first))
-                conn.execute(self._sql["drop_segments_after"], (key, first))
-        return head
-
-    def _backend_load(self, run_id: str) -> tuple[Head, bytes] | None:
-        with self._connection() as conn:
-            row = conn.execute(self._sql["load"], (run_id_bytes(run_id),)).fetchone()
-        if row is None:
-            return None
-        return decode_head(bytes(row[0]), run_id=run_id), bytes(row[1])
-
-    def _backend_delete(
-        self, run_id: str, epoch: int | None, condition: Callable[[Head], bool] | None
-    ) -> bool:
-        key = run_id_bytes(run_id)
-        with self._connection() as conn:
-            current = self._current(conn, self._sql["epoch_update"], key)
-            if epoch is not None:
-                check_epoch(run_id, epoch, current, action="delete")
-            row = conn.execute(self._sql["lock_head"], (key,)).fetchone()
-            if row is None:
-                return False
-            head = None if condition is None else decode_head(bytes(row[0]), run_id=run_id)
-            if head is not None and condition is not None and not condition(head):
-                return False
-            conn.execute(self._sql["delete_head"], (key,))
-            conn.execute(self._sql["drop_segments"], (key,))
-            conn.execute(self._sql["keep_epoch"], (self._keep_until(head), key))
-            return True
-
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         with self._connection() as conn:
             rows = conn.execute(self._sql["heads"]).fetchall()
         return [(bytes(key).decode("utf-8", "surrogatepass"), bytes(raw)) for key, raw in rows]
+
+    # -- the async twins: the same steps, on an asyncio pool of the running loop ----------
+
+    async def _async_pool(self) -> Any:
+        """The running loop's pool, or ``None`` to run the sync methods in a thread.
+
+        A pool the store creates belongs to one event loop and is closed when that
+        loop shuts down (a guard async generator, finalised by
+        ``loop.shutdown_asyncgens()``, which ``asyncio.run`` calls). A borrowed
+        sync pool has no async twin: its calls run in a worker thread.
+        """
+        if not self._owns_pool:
+            return None
+        if not self._ready:
+            await asyncio.to_thread(self._prepare)
+        loop = asyncio.get_running_loop()
+        pool = self._loop_pools.get(loop)
+        if pool is None:
+            for dead in [other for other in self._loop_pools if other.is_closed()]:
+                self._loop_pools.pop(dead, None)
+            pool = psycopg_pool.AsyncConnectionPool(
+                self.dsn or "",
+                min_size=1,
+                max_size=self._max_connections,
+                open=False,
+                timeout=self.timeout,
+                kwargs=self._connect_kwargs,
+            )
+            self._loop_pools[loop] = pool
+            guard = self._close_at_loop_shutdown(loop, pool)
+            self._loop_guards[loop] = guard
+            await anext(guard)  # runs to its first yield: registers it with the loop
+            await pool.open(wait=False)
+        return pool
+
+    async def _close_at_loop_shutdown(
+        self, loop: asyncio.AbstractEventLoop, pool: Any
+    ) -> AsyncGenerator[None, None]:
+        """Hold ``pool`` until the loop shuts its async generators down, then close it."""
+        try:
+            yield
+        finally:
+            if self._loop_pools.get(loop) is pool:
+                del self._loop_pools[loop]
+                self._loop_guards.pop(loop, None)
+            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
+                await pool.close()
+
+    def _prepare(self) -> None:
+        """Create or upgrade the tables (what the first operation of the store does)."""
+        with self._connection():
+            pass
+
+    async def _arun(self, pool: Any, steps: _Steps[_T]) -> _T:
+        """Async twin of :meth:`_run`."""
+        async with pool.connection(timeout=self.timeout) as conn:
+            try:
+                name, params = next(steps)
+                while True:
+                    if name == "rollback":
+                        await conn.rollback()
+                        reply = _Reply([], 0)
+                    else:
+                        cursor = await conn.execute(self._sql[name], params)
+                        rows = await cursor.fetchall() if cursor.description is not None else []
+                        reply = _Reply(rows, cursor.rowcount)
+                    name, params = steps.send(reply)
+            except StopIteration as done:
+                result: _T = done.value
+                return result
+
+    async def aclaim(self, run_id: str) -> int:
+        """Async twin of :meth:`claim`."""
+        check_run_id(run_id)
+        self._check_writable("claim")
+        with self._backend_errors("claim", run_id):
+            pool = await self._async_pool()
+            if pool is None:
+                return await super().aclaim(run_id)
+            return await self._arun(pool, self._claim_steps(run_id))
+
+    async def aput(self, checkpoint: StreamCheckpoint) -> None:
+        """Async twin of :meth:`put`: only the new text is sent when it extends the last."""
+        plan = self._prepare_put(checkpoint)
+        with self._backend_errors("put", plan.run_id):
+            pool = await self._async_pool()
+            if pool is None:
+                return await super().aput(checkpoint)
+            stored = None
+            append = self._append_step(plan)
+            if append is not None and plan.last is not None:
+                stored = await self._arun(pool, self._append_steps(*append, plan.epoch, plan.last))
+            if stored is None:
+                head, data = self._rewrite_step(plan)
+                stored = await self._arun(pool, self._replace_steps(head, data, plan.epoch))
+        self._finish_put(plan, stored)
+        return None
+
+    async def aget(self, run_id: str) -> StreamCheckpoint | None:
+        """Async twin of :meth:`get`."""
+        check_run_id(run_id)
+        with self._backend_errors("get", run_id):
+            pool = await self._async_pool()
+            if pool is None:
+                return await super().aget(run_id)
+            loaded = await self._arun(pool, self._load_steps(run_id))
+        return self._rebuild(run_id, loaded)
+
+    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
+        """Async twin of :meth:`delete`."""
+        check_run_id(run_id)
+        self._check_writable("delete")
+        with self._backend_errors("delete", run_id):
+            pool = await self._async_pool()
+            if pool is None:
+                return await super().adelete(run_id, epoch=epoch)
+            with self._memo_lock:
+                self._memo.pop(run_id, None)
+            await self._arun(pool, self._delete_steps(run_id, epoch, None))
+        return None
+
+    async def aclose(self) -> None:
+        """Close the pools the store created, including this event loop's async one."""
+        guard = self._loop_guards.get(asyncio.get_running_loop())
+        if guard is not None:
+            await guard.aclose()  # forgets and closes the loop's pool
+        self.close()
+
+    async def __aenter__(self) -> PostgresStreamCheckpointStore:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def close(self) -> None:
         """Close the connection pool the store created (a borrowed pool stays open)."""
         if self._owns_pool and self._opened:
             with self._backend_errors("close", None):
                 self._pool.close()
+
+
+_T = TypeVar("_T")
+
+
+@dataclass
+class _Reply:
+    """What one statement of a step returned: its rows and its row count."""
+
+    rows: list[Any]
+    count: int
+
+
+_Steps = Generator[tuple[str, tuple[Any, ...]], _Reply, _T]
+"""A primitive's statements, each sent back its :class:`_Reply` (see ``_run``)."""
+
+
+def _first(reply: _Reply) -> int:
+    """The first column of the first row as an int; 0 when there is no row."""
+    return int(reply.rows[0][0]) if reply.rows else 0
 
 
 def _segments(extra: Any) -> list[int] | None:
