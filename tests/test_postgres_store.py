@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
+import os
+import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -18,6 +24,8 @@ from rich.console import Console
 from awaken_langchain import StreamCheckpoint, StreamCheckpointError
 from awaken_langchain.cli import main
 from tests.postgres_server import PASSWORD, PostgresServer, free_port, shared_postgres_server
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
@@ -277,3 +285,62 @@ def test_async_unreachable_server_fails_within_the_deadline() -> None:
     assert time.monotonic() - started < 1 + 2.0
     assert "never-shown-secret" not in str(caught.value)
     store.close()
+
+
+# -- fencing across processes ----------------------------------------------------------------
+
+RACER = """
+import json, sys, time
+from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+dsn, table, worker, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+store = PostgresStreamCheckpointStore(dsn, table=table, timeout=10)
+store.list_run_ids()  # connected and ready before the start
+time.sleep(max(0.0, start - time.time()))
+accepted = fenced = 0
+for round_ in range(8):
+    epoch = store.claim("race")
+    for step in range(6):
+        got = store.get("race")
+        text = (got.partial_text if got else "") + f"<{epoch}.{worker}.{round_}.{step}>"
+        try:
+            store.put(StreamCheckpoint(run_id="race", partial_text=text, epoch=epoch, model="m"))
+        except StreamCheckpointFencedError:
+            fenced += 1
+            break
+        accepted += 1
+store.close()
+print(json.dumps({"accepted": accepted, "fenced": fenced}))
+"""
+
+
+def test_racing_processes_never_land_a_stale_write(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    start = time.time() + 3  # every process connected by then
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, postgres_server.dsn, table, str(worker), str(start)],
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for worker in range(4)
+    ]
+    reports = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    with Store(postgres_server.dsn, table=table) as store:
+        got = store.get("race")
+    assert got is not None
+    writes = re.findall(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>", got.partial_text)
+    epochs = [int(write[0]) for write in writes]
+    assert epochs == sorted(epochs)  # no write of an older owner after a newer one's
+    assert len(writes) == sum(report["accepted"] for report in reports)  # none was lost
+    assert sum(report["fenced"] for report in reports) > 0  # the race did happen
+    assert got.epoch == max(epochs)
