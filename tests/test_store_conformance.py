@@ -25,8 +25,17 @@ from awaken_langchain.stores._base import SIGNING_KEY_ENV, DeltaCheckpointStore,
 from awaken_langchain.testing.conformance import StoreConformanceTests
 from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
+from tests.redis_cluster import cluster_let_time_pass, cluster_store_on
 
 BACKENDS = {backend.name: backend for backend in STORE_BACKENDS}
+
+
+def kit_only_corrupt(store: Any, location: Path, run_id: str, part: str) -> None:
+    raise AssertionError("the kit never corrupts records: this backend runs only the kit")
+
+
+def kit_only_records(store: Any, location: Path) -> int:
+    raise AssertionError("the kit never counts records: this backend runs only the kit")
 
 
 class ProjectStoreKit(StoreConformanceTests):
@@ -92,6 +101,21 @@ class TestRedisStoreConformance(ProjectStoreKit):
 
 class TestPostgresStoreConformance(ProjectStoreKit):
     backend = POSTGRES
+
+
+class TestRedisClusterStoreConformance(ProjectStoreKit):
+    """The Redis store on a real three-node cluster: every script touches one slot."""
+
+    backend = StoreBackend(
+        name="redis-cluster",
+        make=cluster_store_on,
+        corrupt=kit_only_corrupt,
+        durable=True,
+        child_source="__import__('tests.redis_cluster', fromlist=['x']).cluster_store_on(location)",
+        uses_directory=False,
+        records=kit_only_records,
+        let_time_pass=cluster_let_time_pass,
+    )
 
 
 # -- what only the project's own backends can show ----------------------------------------
