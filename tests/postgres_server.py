@@ -160,6 +160,15 @@ class PostgresServer:
             check=False,
         )
 
+    def remove(self) -> None:
+        """Stop the server and delete its directory."""
+        self.stop()
+        for _ in range(20):  # a process still ending may write a last file
+            shutil.rmtree(self.directory, ignore_errors=True)
+            if not self.directory.exists():
+                return
+            time.sleep(0.1)
+
 
 _shared: PostgresServer | None = None
 
@@ -175,9 +184,8 @@ def shared_postgres_server() -> PostgresServer:
             _unavailable("psycopg is not installed: pip install 'awaken-langchain[postgres]'")
         directory = Path(tempfile.mkdtemp(prefix="awaken-postgres-"))
         server = PostgresServer(directory)
+        atexit.register(server.remove)
         server.start()
-        atexit.register(shutil.rmtree, directory, ignore_errors=True)
-        atexit.register(server.stop)
         os.environ[DSN_ENV] = server.dsn
         _shared = server
     return _shared
