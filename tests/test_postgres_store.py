@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -411,3 +412,50 @@ async def test_a_frozen_postgres_costs_a_turn_one_warning_not_its_speed(
         signal_all(frozen, signal.SIGCONT)
     assert frozen
     assert_not_slowed(sick, healthy)
+
+
+# -- a borrowed pool -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def borrowed_pool(postgres_server: PostgresServer) -> Iterator[Any]:
+    import psycopg_pool
+
+    with psycopg_pool.ConnectionPool(postgres_server.dsn, min_size=1, max_size=2) as pool:
+        yield pool
+
+
+def test_a_borrowed_pool_gets_the_deadline_per_transaction_and_stays_open(
+    postgres_server: PostgresServer, borrowed_pool: Any, table: str
+) -> None:
+    store = Store(pool=borrowed_pool, table=table, timeout=1)
+    epoch = store.claim("run-1")
+    with raw(postgres_server) as other, other.transaction():
+        other.execute(f"SELECT * FROM {table}_epochs FOR UPDATE")  # a stuck session
+        started = time.monotonic()
+        with pytest.raises(StreamCheckpointError, match="PostgreSQL claim failed at the given"):
+            store.claim("run-1")
+        assert time.monotonic() - started < 1 + 2.0
+    store.close()
+    with borrowed_pool.connection() as conn:  # the store did not close what it borrowed
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)  # nor changed it
+    assert Store(pool=borrowed_pool, table=table).claim("run-1") == epoch + 1
+
+
+def test_an_exhausted_pool_costs_at_most_the_deadline_and_says_so(
+    borrowed_pool: Any, table: str
+) -> None:
+    store = Store(pool=borrowed_pool, table=table, timeout=1)
+    store.put(checkpoint(text="written before"))
+    held = [borrowed_pool.getconn(), borrowed_pool.getconn()]  # other work holds them all
+    try:
+        started = time.monotonic()
+        with pytest.raises(StreamCheckpointError, match="PoolTimeout"):
+            store.put(checkpoint(text="written before, and more"))
+        assert time.monotonic() - started < 1 + 2.0
+    finally:
+        for conn in held:
+            borrowed_pool.putconn(conn)
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "written before"  # nothing written before is lost
