@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -24,16 +25,38 @@ NODES_ENV = "AWAKEN_TEST_REDIS_CLUSTER"
 """``host:port`` of one node of the shared cluster; child processes of a test inherit it."""
 
 
+def cluster_port() -> int:
+    """A free port whose cluster bus port (``port + 10000``) is free and valid too."""
+    while True:
+        port = free_port()
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
 class RedisCluster:
     """Three cluster-enabled ``redis-server`` primaries in one directory."""
 
     def __init__(self, directory: Path) -> None:
         self.binary = redis_server_binary()
         self.directory = directory
-        self.ports = [free_port() for _ in range(3)]
+        self.ports = [cluster_port() for _ in range(3)]
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def start(self) -> None:
+        """Start the three nodes and join them; on any failure, stop what was started."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         cli = shutil.which("redis-cli")
         if cli is None:
             message = "redis-cli is not installed; it joins the nodes of the Redis Cluster"
