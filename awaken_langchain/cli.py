@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # rich is an extra: imported when the command runs, never by 
 DEFAULT_DIR = Path(".awaken")
 """Where ``demo`` and ``chat`` keep checkpoints and memory unless ``--dir`` says otherwise."""
 
-STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss:// or unix:// URL"
+STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss://, unix:// or postgresql:// URL"
 
 _PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword=)([^&#\s'\"]*)")
 """A ``password=`` URL parameter (redis-py reads the password from one)."""
@@ -107,8 +107,8 @@ def open_store(
     A local store must already exist; it is never created here.
 
     Args:
-        spec: ``diskcache:PATH``, ``file:PATH``, or a ``redis://``, ``rediss://``
-            or ``unix://`` URL.
+        spec: ``diskcache:PATH``, ``file:PATH``, or a ``redis://``, ``rediss://``,
+            ``unix://`` or ``postgresql://`` URL.
         ttl: The store's TTL (what ``gc`` removes).
         read_only: Open a local store for reading only: nothing on disk changes.
 
@@ -132,6 +132,15 @@ def open_store(
                 spec, ttl=ttl
             )
             return store
+        except (ValueError, StreamCheckpointError) as exc:
+            raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
+    if scheme in ("postgres", "postgresql") and sep:
+        require("psycopg", "postgres", purpose=f"--store {scheme}://...")
+        require("psycopg_pool", "postgres", purpose=f"--store {scheme}://...")
+        from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+        try:
+            return PostgresStreamCheckpointStore(spec, ttl=ttl, read_only=read_only)
         except (ValueError, StreamCheckpointError) as exc:
             raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
     if scheme in ("diskcache", "file") and sep:

@@ -1,0 +1,461 @@
+"""What only the PostgreSQL store has: its DSN, tables, schema versions and deadlines.
+
+The contract itself (round trips, appends, fencing, expiry, gc, signing) runs in
+``test_store_conformance.py`` through the shipped kit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from awaken_langchain import StreamCheckpoint, StreamCheckpointError
+from awaken_langchain.cli import main
+from tests.conftest import Drive
+from tests.postgres_server import PASSWORD, PostgresServer, free_port, shared_postgres_server
+from tests.test_hung_store import SICK_AT, TEXT, assert_not_slowed, paced, stream_turn, warm, wrap
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres]
+
+psycopg = pytest.importorskip("psycopg")
+postgres = pytest.importorskip("awaken_langchain.stores.postgres")
+Store = postgres.PostgresStreamCheckpointStore
+
+
+def checkpoint(run_id: str = "run-1", text: str = "Hello", **update: object) -> StreamCheckpoint:
+    return StreamCheckpoint(
+        run_id=run_id,
+        thread_id="thread-1",
+        model="gpt-test",
+        message_id="msg-1",
+        partial_text=text,
+        **update,  # type: ignore[arg-type]
+    )
+
+
+@pytest.fixture
+def postgres_server() -> PostgresServer:
+    return shared_postgres_server()
+
+
+@pytest.fixture
+def table() -> str:
+    return f"t_{uuid.uuid4().hex[:16]}"
+
+
+@pytest.fixture
+def store(postgres_server: PostgresServer, table: str) -> Iterator[object]:
+    with Store(postgres_server.dsn, table=table) as made:
+        yield made
+
+
+def raw(server: PostgresServer) -> psycopg.Connection:  # type: ignore[name-defined]
+    return psycopg.connect(server.dsn, autocommit=True)
+
+
+# -- the DSN and its password ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        ("postgresql://app:hunter2pw@db:5432/app", "postgresql://app:***@db:5432/app"),
+        (
+            "postgres://app:hunter2pw@db/app?sslmode=require",
+            "postgres://app:***@db/app?sslmode=require",
+        ),
+        (
+            "postgresql://app@db/app?password=hunter2pw&x=1",
+            "postgresql://app@db/app?password=***&x=1",
+        ),
+        (
+            "host=db user=app password=hunter2pw dbname=app",
+            "host=db user=app password=*** dbname=app",
+        ),
+        ("host=db password='hunter2 pw' dbname=app", "host=db password=*** dbname=app"),
+        ("postgresql://app@db/app", "postgresql://app@db/app"),
+    ],
+    ids=["url", "url-query", "url-parameter", "keywords", "quoted", "no-password"],
+)
+def test_mask_postgres_dsn_hides_every_form_of_password(dsn: str, shown: str) -> None:
+    assert postgres.mask_postgres_dsn(dsn) == shown
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "postgresql://awaken:{pw}@127.0.0.1:{port}/awaken",
+        "host=127.0.0.1 port={port} user=awaken password={pw}",
+    ],
+    ids=["url", "keywords"],
+)
+def test_unreachable_server_fails_within_the_deadline_naming_it_without_the_password(
+    form: str,
+) -> None:
+    port = free_port()  # nothing listens there
+    secret = "never-shown-secret"
+    store = Store(form.format(pw=secret, port=port), timeout=1)
+    started = time.monotonic()
+    with pytest.raises(StreamCheckpointError) as caught:
+        store.get("run-1")
+    elapsed = time.monotonic() - started
+    store.close()
+    message = str(caught.value)
+    assert elapsed < 1 + 2.0  # the deadline, plus a margin for a busy machine
+    assert f"{port}" in message
+    assert "PostgreSQL get failed" in message
+    assert secret not in message
+    assert secret not in repr(caught.value.__cause__)
+    assert caught.value.__cause__ is None  # the driver's own text is quoted masked
+    assert caught.value.run_id == "run-1"
+
+
+def test_missing_database_is_named(postgres_server: PostgresServer, table: str) -> None:
+    dsn = postgres_server.dsn.rpartition("/")[0] + "/no_such_database"
+    with (
+        Store(dsn, table=table, timeout=2) as store,
+        pytest.raises(StreamCheckpointError) as caught,
+    ):
+        store.put(checkpoint())
+    assert 'database "no_such_database" does not exist' in str(caught.value)
+    assert PASSWORD not in str(caught.value)
+    assert "***" in str(caught.value)
+
+
+def test_a_row_locked_by_another_session_costs_at_most_the_deadline(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    with Store(postgres_server.dsn, table=table, timeout=1) as store:
+        epoch = store.claim("run-1")
+        store.put(checkpoint(epoch=epoch))
+        with raw(postgres_server) as other, other.transaction():
+            other.execute(f"SELECT * FROM {table}_epochs FOR UPDATE")  # a stuck session
+            started = time.monotonic()
+            with pytest.raises(StreamCheckpointError, match="PostgreSQL claim failed"):
+                store.claim("run-1")
+            assert time.monotonic() - started < 1 + 2.0
+        assert store.claim("run-1") == epoch + 1  # the store works again once the lock is gone
+        got = store.get("run-1")
+        assert got is not None
+        assert got.partial_text == "Hello"
+
+
+# -- tables and their layout version ---------------------------------------------------------
+
+
+def test_first_use_creates_the_tables_and_records_the_layout_version(
+    postgres_server: PostgresServer, store: object, table: str
+) -> None:
+    store.put(checkpoint())  # type: ignore[attr-defined]
+    with raw(postgres_server) as conn:
+        version = conn.execute(f"SELECT version FROM {table}_schema").fetchall()
+        tables = {
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE tablename LIKE %s", (table + "%",)
+            )
+        }
+    assert version == [(postgres.SCHEMA_VERSION,)]
+    assert tables == {table, *(table + s for s in ("_segments", "_epochs", "_floor", "_schema"))}
+
+
+def test_tables_of_a_newer_layout_are_refused_naming_the_upgrade(
+    postgres_server: PostgresServer, store: object, table: str
+) -> None:
+    store.put(checkpoint())  # type: ignore[attr-defined]
+    with raw(postgres_server) as conn:
+        conn.execute(f"UPDATE {table}_schema SET version = 99")
+    with (
+        Store(postgres_server.dsn, table=table) as newer,
+        pytest.raises(
+            StreamCheckpointError, match="layout version 99, newer than this awaken-langchain"
+        ),
+    ):
+        newer.get("run-1")
+
+
+def test_read_only_store_creates_nothing(postgres_server: PostgresServer, table: str) -> None:
+    with (
+        Store(postgres_server.dsn, table=table, read_only=True) as store,
+        pytest.raises(StreamCheckpointError, match="creates nothing"),
+    ):
+        store.list_run_ids()
+    with raw(postgres_server) as conn:
+        found = conn.execute("SELECT to_regclass(%s)", (table + "_schema",)).fetchone()
+    assert found == (None,)
+
+
+def test_appends_write_segments_not_the_whole_text(
+    postgres_server: PostgresServer, store: object, table: str
+) -> None:
+    text = "x" * 100_000
+    store.put(checkpoint(text=text))  # type: ignore[attr-defined]
+    for _ in range(200):
+        text += "y" * 16
+        store.put(checkpoint(text=text))  # type: ignore[attr-defined]
+    with raw(postgres_server) as conn:
+        rows = conn.execute(f"SELECT octet_length(data) FROM {table}_segments").fetchall()
+    assert sum(size for (size,) in rows) == len(text)
+    assert len(rows) <= 12  # O(log n) segments, not one per put
+    got = store.get("run-1")  # type: ignore[attr-defined]
+    assert got is not None
+    assert got.partial_text == text
+
+
+def test_hostile_run_ids_are_parameters_never_sql(
+    postgres_server: PostgresServer, store: object, table: str
+) -> None:
+    hostile = f"x'); DROP TABLE {table}; --"
+    epoch = store.claim(hostile)  # type: ignore[attr-defined]
+    store.put(checkpoint(hostile, "kept", epoch=epoch))  # type: ignore[attr-defined]
+    assert store.list_run_ids() == [hostile]  # type: ignore[attr-defined]
+    with raw(postgres_server) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (table,)).fetchone() != (None,)
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def test_checkpoints_cli_reads_a_postgres_store_and_masks_its_password(
+    postgres_server: PostgresServer,
+) -> None:
+    with Store(postgres_server.dsn) as store:  # the default table, as the CLI opens it
+        store.put(checkpoint("cli-run", "from the database"))
+    out = io.StringIO()
+    console = Console(file=out, width=300, highlight=False, color_system=None)
+    status = main(["checkpoints", "list", "--store", postgres_server.dsn], console=console)
+    printed = " ".join(out.getvalue().split())
+    assert status == 0, printed
+    assert "cli-run" in printed
+    assert PASSWORD not in printed
+    with Store(postgres_server.dsn) as store:
+        store.delete("cli-run")
+
+
+def test_checkpoints_cli_names_an_unreachable_postgres_without_its_password() -> None:
+    port = free_port()
+    dsn = f"postgresql://app:never-shown-secret@127.0.0.1:{port}/app"
+    out = io.StringIO()
+    console = Console(file=out, width=300, highlight=False, color_system=None)
+    status = main(["checkpoints", "list", "--store", dsn], console=console)
+    printed = " ".join(out.getvalue().split())
+    assert status != 0
+    assert "never-shown-secret" not in printed
+    assert f"postgresql://app:***@127.0.0.1:{port}/app" in printed
+
+
+# -- the async twins ------------------------------------------------------------------------
+
+
+def test_async_twins_run_on_the_loops_own_pool_and_close_it_with_the_loop(
+    postgres_server: PostgresServer, store: object
+) -> None:
+    async def turn() -> tuple[str | None, int]:
+        epoch = await store.aclaim("run-1")  # type: ignore[attr-defined]
+        await store.aput(checkpoint(text="async", epoch=epoch))  # type: ignore[attr-defined]
+        await store.aput(checkpoint(text="async text", epoch=epoch))  # type: ignore[attr-defined]
+        got = await store.aget("run-1")  # type: ignore[attr-defined]
+        return (got.partial_text if got else None), len(store._loop_pools)  # type: ignore[attr-defined]
+
+    for _ in range(3):  # a fresh loop each time: no pool of a finished loop is kept
+        assert asyncio.run(turn()) == ("async text", 1)
+        assert store._loop_pools == {}  # type: ignore[attr-defined]
+    got = store.get("run-1")  # type: ignore[attr-defined]
+    assert got is not None
+    assert got.partial_text == "async text"
+
+
+def test_async_unreachable_server_fails_within_the_deadline() -> None:
+    store = Store(f"postgresql://app:never-shown-secret@127.0.0.1:{free_port()}/app", timeout=1)
+    started = time.monotonic()
+    with pytest.raises(StreamCheckpointError) as caught:
+        asyncio.run(store.aget("run-1"))
+    assert time.monotonic() - started < 1 + 2.0
+    assert "never-shown-secret" not in str(caught.value)
+    store.close()
+
+
+# -- fencing across processes ----------------------------------------------------------------
+
+RACER = """
+import json, sys, time
+from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+dsn, table, worker, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+store = PostgresStreamCheckpointStore(dsn, table=table, timeout=10)
+store.list_run_ids()  # connected and ready before the start
+time.sleep(max(0.0, start - time.time()))
+accepted = fenced = 0
+for round_ in range(8):
+    epoch = store.claim("race")
+    for step in range(6):
+        got = store.get("race")
+        text = (got.partial_text if got else "") + f"<{epoch}.{worker}.{round_}.{step}>"
+        try:
+            store.put(StreamCheckpoint(run_id="race", partial_text=text, epoch=epoch, model="m"))
+        except StreamCheckpointFencedError:
+            fenced += 1
+            break
+        accepted += 1
+store.close()
+print(json.dumps({"accepted": accepted, "fenced": fenced}))
+"""
+
+
+def test_racing_processes_never_land_a_stale_write(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    start = time.time() + 3  # every process connected by then
+    racers = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, postgres_server.dsn, table, str(worker), str(start)],
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for worker in range(4)
+    ]
+    reports = []
+    for racer in racers:
+        out, err = racer.communicate(timeout=120)
+        assert racer.returncode == 0, err
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    with Store(postgres_server.dsn, table=table) as store:
+        got = store.get("race")
+    assert got is not None
+    writes = re.findall(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>", got.partial_text)
+    epochs = [int(write[0]) for write in writes]
+    assert epochs == sorted(epochs)  # no write of an older owner after a newer one's
+    assert len(writes) == sum(report["accepted"] for report in reports)  # none was lost
+    assert sum(report["fenced"] for report in reports) > 0  # the race did happen
+    assert got.epoch == max(epochs)
+
+
+# -- a database frozen with SIGSTOP -----------------------------------------------------------
+
+
+def postgres_processes(server: PostgresServer) -> list[int]:
+    """The postmaster of ``server`` and every process it started."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == postmaster:
+                children.append(int(entry.name))
+    return [postmaster, *children]
+
+
+def signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL of this test alone, which it may freeze.
+
+    Its directory is made under the system's temporary directory: as root, the
+    server runs as the ``postgres`` user, which cannot enter pytest's ``tmp_path``.
+    """
+    directory = Path(tempfile.mkdtemp(prefix="awaken-postgres-"))
+    server = PostgresServer(directory)
+    try:
+        server.start()
+        yield server
+    finally:
+        if (server.data / "postmaster.pid").exists():
+            signal_all(postgres_processes(server), signal.SIGCONT)
+        server.remove()
+
+
+async def test_a_frozen_postgres_costs_a_turn_one_warning_not_its_speed(
+    drive: Drive, own_postgres: PostgresServer
+) -> None:
+    store = warm(Store(own_postgres.dsn, timeout=1))
+    model = wrap(paced(TEXT, 1.0), store)
+    healthy = await stream_turn(drive, model)
+    frozen: list[int] = []
+
+    def freeze() -> None:
+        frozen.extend(postgres_processes(own_postgres))
+        signal_all(frozen, signal.SIGSTOP)
+
+    try:
+        sick = await stream_turn(drive, model, at=(SICK_AT, freeze))
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+    assert frozen
+    assert_not_slowed(sick, healthy)
+
+
+# -- a borrowed pool -------------------------------------------------------------------------
+
+
+@pytest.fixture
+def borrowed_pool(postgres_server: PostgresServer) -> Iterator[Any]:
+    import psycopg_pool
+
+    with psycopg_pool.ConnectionPool(postgres_server.dsn, min_size=1, max_size=2) as pool:
+        yield pool
+
+
+def test_a_borrowed_pool_gets_the_deadline_per_transaction_and_stays_open(
+    postgres_server: PostgresServer, borrowed_pool: Any, table: str
+) -> None:
+    store = Store(pool=borrowed_pool, table=table, timeout=1)
+    epoch = store.claim("run-1")
+    with raw(postgres_server) as other, other.transaction():
+        other.execute(f"SELECT * FROM {table}_epochs FOR UPDATE")  # a stuck session
+        started = time.monotonic()
+        with pytest.raises(StreamCheckpointError, match="PostgreSQL claim failed at the given"):
+            store.claim("run-1")
+        assert time.monotonic() - started < 1 + 2.0
+    store.close()
+    with borrowed_pool.connection() as conn:  # the store did not close what it borrowed
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)  # nor changed it
+    assert Store(pool=borrowed_pool, table=table).claim("run-1") == epoch + 1
+
+
+def test_an_exhausted_pool_costs_at_most_the_deadline_and_says_so(
+    borrowed_pool: Any, table: str
+) -> None:
+    store = Store(pool=borrowed_pool, table=table, timeout=1)
+    store.put(checkpoint(text="written before"))
+    held = [borrowed_pool.getconn(), borrowed_pool.getconn()]  # other work holds them all
+    try:
+        started = time.monotonic()
+        with pytest.raises(StreamCheckpointError, match="PoolTimeout"):
+            store.put(checkpoint(text="written before, and more"))
+        assert time.monotonic() - started < 1 + 2.0
+    finally:
+        for conn in held:
+            borrowed_pool.putconn(conn)
+    got = store.get("run-1")
+    assert got is not None
+    assert got.partial_text == "written before"  # nothing written before is lost
