@@ -18,7 +18,9 @@ what a text does:
 - **glued**, starting at a word (it joins the prefix's last word without a
   space): two characters or more with a letter (``"I'mI'm"``, ``"TheThe"`` are
   not text), or two words with a letter or digit;
-- **indented**, starting at a line's indentation: the same;
+- **indented**, starting at a line's indentation: as a spaced one (below). A
+  line indented by two spaces that holds one word, then that word again after
+  two spaces, is real text, and a restart of that line looks the same;
 - **spaced**, starting after a space on the same line: two words or more, one
   of them with a letter (``" over the"``), or two with a digit (``" 2024 05"``).
   A single word after a space is kept: ``"he had"`` + ``" had a dog"`` is as
@@ -55,7 +57,7 @@ MIN_WORDS = 2
 """A spaced repeat of this many words (one with a letter) is removed; any repeat of
 this many words with a letter or digit is."""
 MIN_CHARS = 2
-"""A glued or indented repeat of this many characters (one a letter) is removed."""
+"""A glued repeat of this many characters (one a letter) is removed."""
 MIN_CJK_CHARS = 4
 """A repeat with this many CJK characters or more is removed (CJK has no spaces)."""
 
@@ -145,7 +147,9 @@ def is_removable_size(
     if kind == "broken" and not line_breaks:
         return False
     letter = any(c.isalpha() and not is_unspaced(c) for c in body)
-    if kind in ("spaced", "broken"):
+    if kind in ("spaced", "broken", "indented"):
+        # a line's indentation and one word is what a text with that word after the
+        # same whitespace holds for real ("the\n  the  the"): like a spaced word
         words = body.split(None, spaced_words)
         if len(words) < spaced_words:
             return False
