@@ -12,8 +12,9 @@ passes the text through unchanged.
 The rule is never to delete real text. A repeat is a suffix of the prefix that
 the continuation starts with; it starts at a word start (after whitespace, or
 anywhere in CJK text, which has no spaces) or in the whitespace before one (the
-prefix counts as starting after a space). It is removed when repeating it is not
-what a text does:
+prefix counts as starting after a space); in a line's indentation, at its start
+or at its last space (the token before the line's first word carries that
+space). It is removed when repeating it is not what a text does:
 
 - **glued**, starting at a word (it joins the prefix's last word without a
   space): two characters or more with a letter (``"I'mI'm"``, ``"TheThe"`` are
@@ -99,14 +100,19 @@ def is_word_start(text: str, index: int) -> bool:
 def is_repeat_start(text: str, index: int) -> bool:
     """Whether a repeat may start at ``text[index]``.
 
-    At a word start, or in whitespace, but not inside a line's indentation: a
-    provider that repeats a line repeats all of its indentation.
+    At a word start, or in whitespace, but inside a line's indentation only at
+    its start or its last character: a provider that repeats a line repeats all
+    of its indentation, or restarts from the token that carries the space
+    before the line's first word (a JSON line ``'    "day": "'`` restarted as
+    ``' "day": "Monday"'``).
     """
     char = text[index]
     if not char.isspace():
         return is_word_start(text, index)
     before = index - 1
     if before < 0 or text[before] == "\n" or not text[before].isspace():
+        return True
+    if char == " " and index + 1 < len(text) and not text[index + 1].isspace():
         return True
     while before > 0 and text[before - 1].isspace():
         before -= 1

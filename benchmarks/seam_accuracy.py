@@ -21,8 +21,10 @@ answers in one of these ways (a family of continuations):
 - **spaced N words** (1 to 12): the same, from the space before those words,
   as tokens that carry their leading space do (``" over the lazy dog."``);
 - **sentence glued / spaced**: it restarts at the start of the sentence;
-- **line from its break / with its indentation / from its first word**: it
-  restarts the line the cut is in (Markdown items, headings, code, JSON lines);
+- **line from its break / with its indentation / from the space before its
+  first word / from its first word**: it restarts the line the cut is in
+  (Markdown items, headings, code, JSON lines); the third is the token that
+  carries the indentation's last space and the line's first word;
 - **bracket glued / spaced**: cut right after an opening bracket or quote, it
   restarts at the last word with a letter or digit (``"green ("`` +
   ``"green (lime green)"``);
@@ -79,6 +81,7 @@ FAMILIES = (
     "sentence spaced",
     "line from its break",
     "line with its indentation",
+    "line from the space before its first word",
     "line from its first word",
     "bracket glued",
     "bracket spaced",
@@ -373,6 +376,8 @@ def restarts(text: str, starts: Starts, sent: int) -> Iterator[tuple[str, int]]:
         first = len(text) - len(text[line:].lstrip())
         if first > line:
             yield "line with its indentation", line
+        if first - line >= 2 and text[first - 1] == " ":
+            yield "line from the space before its first word", first - 1
         yield "line from its first word", first
     if is_opener(text, sent - 1):
         named = [s for s in starts.words[:words] if re.search(r"\w", text[s:sent])]
