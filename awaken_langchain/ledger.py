@@ -39,13 +39,18 @@ import logging
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, TypeGuard, cast
 
-from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.messages import ToolCall, ToolMessage, message_to_dict, messages_from_dict
 from langchain_core.messages.base import BaseMessage
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import (
+    ensure_config,
+    get_async_callback_manager_for_config,
+    get_callback_manager_for_config,
+)
 from langchain_core.tools import BaseTool, InjectedToolArg
 from langchain_core.tools.base import _is_injected_arg_type, get_all_basemodel_annotations
 from pydantic import ConfigDict
@@ -334,22 +339,28 @@ def decode_result(data: Mapping[str, Any]) -> ToolMessage | Command[Any]:
 # -- events ------------------------------------------------------------------------------
 
 
-def _emit(report: Report) -> None:
+def _emit(report: Report, config: RunnableConfig | None) -> None:
+    """Report ``report``: log, graph stream, and a custom event to the call's callbacks."""
     report.log()
     _to_graph(report)
     try:
-        dispatch_custom_event(report.event.value, report.data)
-    except Exception:  # outside a run (no parent run id) or a broken handler
-        logger.debug("no run to report %s to", report.event.value, exc_info=True)
+        manager = get_callback_manager_for_config(ensure_config(config))
+        run_id = manager.parent_run_id or uuid.uuid4()  # outside a run: an event of its own
+        manager.on_custom_event(report.event.value, report.data, run_id=run_id)
+    except Exception:  # a broken handler must not break the call
+        logger.exception("callback failed while reporting %s", report.event.value)
 
 
-async def _aemit(report: Report) -> None:
+async def _aemit(report: Report, config: RunnableConfig | None) -> None:
+    """Async twin of `_emit`."""
     report.log()
     _to_graph(report)
     try:
-        await adispatch_custom_event(report.event.value, report.data)
-    except Exception:  # outside a run (no parent run id) or a broken handler
-        logger.debug("no run to report %s to", report.event.value, exc_info=True)
+        manager = get_async_callback_manager_for_config(ensure_config(config))
+        run_id = manager.parent_run_id or uuid.uuid4()
+        await manager.on_custom_event(report.event.value, report.data, run_id=run_id)
+    except Exception:  # a broken handler must not break the call
+        logger.exception("callback failed while reporting %s", report.event.value)
 
 
 def _to_graph(report: Report) -> None:
@@ -376,6 +387,7 @@ class _Call:
     digest: str
     run_id: str
     key_params: tuple[str, ...]
+    config: RunnableConfig | None = None
 
     def with_key(self) -> ToolCall:
         """The tool call, its idempotency key in the tool's key parameters."""
@@ -520,14 +532,14 @@ class ToolLedger:
         try:
             epoch, existing = self._wait(lambda: self._begin(call.run_id))
         except StreamCheckpointError as exc:
-            return self._without_ledger(call, exc, execute, _emit)
+            return self._without_ledger(call, exc, execute)
         decision = self._decide(call, existing)
         if decision == "replay":
             assert existing is not None
-            return self._emitted(self._replay(call, existing))
+            return self._emitted(call, self._replay(call, existing))
         if decision == "report":
             assert existing is not None
-            return self._emitted(self._report(call, existing))
+            return self._emitted(call, self._report(call, existing))
         if decision == "reconcile":
             assert existing is not None
             found = self._reconcile_sync(call)
@@ -538,9 +550,9 @@ class ToolLedger:
         try:
             self._wait(lambda: self._put(started))
         except StreamCheckpointFencedError:
-            return self._emitted(self._busy(call))
+            return self._emitted(call, self._busy(call))
         except StreamCheckpointError as exc:
-            return self._without_ledger(call, exc, execute, _emit)
+            return self._without_ledger(call, exc, execute)
         result = self._execute(call, started, execute)
         self._finish(call, epoch, started.started_at, result)
         return result
@@ -559,7 +571,7 @@ class ToolLedger:
         try:
             self._wait(lambda: self._put(record))
         except StreamCheckpointError as exc:
-            _emit(self._warning(call, f"the call's result was not recorded: {exc}"))
+            _emit(self._warning(call, f"the call's result was not recorded: {exc}"), call.config)
 
     def _fail(self, started: LedgerRecord, exc: BaseException) -> None:
         record = self._failed(started, exc)
@@ -585,17 +597,17 @@ class ToolLedger:
         call: _Call,
         exc: StreamCheckpointError,
         execute: Callable[[ToolCall], ToolResult],
-        emit: Callable[[Report], Any],
     ) -> ToolResult:
         if self.on_store_failure == "refuse":
             raise ToolLedgerError(
                 f"tool {call.tool!r} was not run: the ledger's store failed ({exc}); "
                 "ToolLedger(on_store_failure='run') runs tools without a record instead"
             ) from exc
-        emit(
+        _emit(
             self._warning(
                 call, f"the ledger's store failed; running the tool without a record: {exc}"
-            )
+            ),
+            call.config,
         )
         return execute(call.with_key())
 
@@ -619,10 +631,10 @@ class ToolLedger:
         decision = self._decide(call, existing)
         if decision == "replay":
             assert existing is not None
-            return await self._aemitted(self._replay(call, existing))
+            return await self._aemitted(call, self._replay(call, existing))
         if decision == "report":
             assert existing is not None
-            return await self._aemitted(self._report(call, existing))
+            return await self._aemitted(call, self._report(call, existing))
         if decision == "reconcile":
             assert existing is not None
             reconcile = cast(Reconcile, self.policy(call.tool))
@@ -637,7 +649,7 @@ class ToolLedger:
         try:
             await self._await(lambda: self._put(started))
         except StreamCheckpointFencedError:
-            return await self._aemitted(self._busy(call))
+            return await self._aemitted(call, self._busy(call))
         except StreamCheckpointError as exc:
             return await self._awithout_ledger(call, exc, execute)
         try:
@@ -661,7 +673,9 @@ class ToolLedger:
         try:
             await self._await(lambda: self._put(record))
         except StreamCheckpointError as exc:
-            await _aemit(self._warning(call, f"the call's result was not recorded: {exc}"))
+            await _aemit(
+                self._warning(call, f"the call's result was not recorded: {exc}"), call.config
+            )
 
     async def _awithout_ledger(
         self,
@@ -677,7 +691,8 @@ class ToolLedger:
         await _aemit(
             self._warning(
                 call, f"the ledger's store failed; running the tool without a record: {exc}"
-            )
+            ),
+            call.config,
         )
         return await execute(call.with_key())
 
@@ -715,6 +730,7 @@ class ToolLedger:
             _args_digest(model_args),
             run_id,
             key_params,
+            config,
         )
 
     def _key_params_of(self, tool: BaseTool) -> tuple[str, ...]:
@@ -746,7 +762,7 @@ class ToolLedger:
                 "one call, and a different call under the same id is refused rather than "
                 f"run or answered from the record. Recorded arguments: {existing.args!r}; "
                 f"now: {call.model_args!r}. Remove the record (awaken-langchain checkpoints "
-                f"delete {existing.run_id}) if the id was reused on purpose",
+                f"rm {existing.run_id}) if the id was reused on purpose",
                 key=call.key,
             )
         if existing.state == "finished":
@@ -895,13 +911,13 @@ class ToolLedger:
         return self._warning(call, text), message
 
     @staticmethod
-    def _emitted(reported: tuple[Report, ToolResult]) -> ToolResult:
-        _emit(reported[0])
+    def _emitted(call: _Call, reported: tuple[Report, ToolResult]) -> ToolResult:
+        _emit(reported[0], call.config)
         return reported[1]
 
     @staticmethod
-    async def _aemitted(reported: tuple[Report, ToolResult]) -> ToolResult:
-        await _aemit(reported[0])
+    async def _aemitted(call: _Call, reported: tuple[Report, ToolResult]) -> ToolResult:
+        await _aemit(reported[0], call.config)
         return reported[1]
 
     @staticmethod
