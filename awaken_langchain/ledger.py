@@ -1031,3 +1031,52 @@ class LedgerTool(BaseTool):
 
     def _run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - run is delegated
         raise NotImplementedError("LedgerTool runs its wrapped tool through invoke or run")
+
+
+class KeyedTool(BaseTool):
+    """A tool that receives its idempotency key parameters whatever runs it.
+
+    ``ToolNode`` removes values of injected parameters from a tool call before
+    it invokes the tool (a model must not forge them), so the ledger's
+    middleware hands the node this tool, which adds the key as the node calls it.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    inner: BaseTool
+    """The tool run."""
+    injected: dict[str, str]
+    """The key parameters and the key."""
+
+    @classmethod
+    def of(cls, tool: BaseTool, injected: dict[str, str]) -> KeyedTool:
+        """``tool`` receiving ``injected`` in every call."""
+        return cls(
+            name=tool.name,
+            description=tool.description,
+            args_schema=tool.args_schema,
+            return_direct=tool.return_direct,
+            response_format=tool.response_format,
+            handle_tool_error=tool.handle_tool_error,
+            handle_validation_error=tool.handle_validation_error,
+            inner=tool,
+            injected=injected,
+        )
+
+    def _with_key(self, input: Any) -> Any:
+        if _is_tool_call(input):
+            return {**input, "args": {**input["args"], **self.injected}}
+        if isinstance(input, dict):
+            return {**input, **self.injected}
+        return input
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """Run the wrapped tool with the key added."""
+        return self.inner.invoke(self._with_key(input), config, **kwargs)
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        """Async twin of `invoke`."""
+        return await self.inner.ainvoke(self._with_key(input), config, **kwargs)
+
+    def _run(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - invoke is delegated
+        raise NotImplementedError("KeyedTool runs its wrapped tool through invoke")

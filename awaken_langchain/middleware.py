@@ -82,7 +82,7 @@ from langgraph.types import Command
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain.checkpoint import StreamCheckpointStore
 from awaken_langchain.fallback import resolve_fallbacks
-from awaken_langchain.ledger import ToolLedger
+from awaken_langchain.ledger import KeyedTool, ToolLedger
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 
@@ -303,9 +303,7 @@ class ToolLedgerMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             return handler(request)
 
         def execute(call: ToolCall) -> ToolMessage | Command[Any]:
-            return handler(
-                request if call is request.tool_call else request.override(tool_call=call)
-            )
+            return handler(_keyed(request, call))
 
         return self.ledger.run_call(request.tool_call, request.tool, execute, _config(request))
 
@@ -319,13 +317,20 @@ class ToolLedgerMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
             return await handler(request)
 
         async def execute(call: ToolCall) -> ToolMessage | Command[Any]:
-            return await handler(
-                request if call is request.tool_call else request.override(tool_call=call)
-            )
+            return await handler(_keyed(request, call))
 
         return await self.ledger.arun_call(
             request.tool_call, request.tool, execute, _config(request)
         )
+
+
+def _keyed(request: ToolCallRequest, call: ToolCall) -> ToolCallRequest:
+    """The request, its tool receiving the idempotency key the ledger added to ``call``."""
+    if call is request.tool_call or request.tool is None:
+        return request
+    given = request.tool_call["args"]
+    injected = {name: value for name, value in call["args"].items() if name not in given}
+    return request.override(tool=KeyedTool.of(request.tool, injected))
 
 
 def _config(request: ToolCallRequest) -> Any:

@@ -529,3 +529,32 @@ def test_plain_arguments_without_a_call_id_run_the_tool_unrecorded(effects: Effe
     assert wrapped.name == "lookup"
     assert wrapped.args == lookup.args
     assert store.list_run_ids() == []
+
+
+async def test_a_wrapped_tool_in_a_plain_tool_node_gets_its_key_and_runs_once(
+    effects: Effects, mode: str
+) -> None:
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import END, START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode
+
+    builder = StateGraph(MessagesState)
+    builder.add_node(
+        "tools", ToolNode([ToolLedger(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))])
+    )
+    builder.add_edge(START, "tools")
+    builder.add_edge("tools", END)
+    node = builder.compile()
+    state = {
+        "messages": [
+            AIMessage("", tool_calls=[{"id": "call_1", "name": "pay", "args": {"amount": 5}}])
+        ]
+    }
+
+    outputs = [
+        node.invoke(state, THREAD) if mode == "sync" else await node.ainvoke(state, THREAD)
+        for _ in range(2)
+    ]
+
+    assert [o["messages"][-1].content for o in outputs] == ["paid 5", "paid 5"]
+    assert effects.lines == [f"paid 5 {idempotency_key('thread-1', 'call_1')}"]
