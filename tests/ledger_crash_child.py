@@ -14,9 +14,17 @@ point and waits for the test to kill it (or send ``"go"``), ``{"event":
 
 - ``after_effect``: inside the tool, after its effect is on disk and before it
   returns (the ledger holds ``started``);
-- ``after_tool``: in a middleware outside the ledger, after the tool returned
-  and the ledger recorded it, before the tools step's write reaches the
-  SqliteSaver.
+- ``before_tool``: outside the ledger, before the tool call reaches it;
+- ``after_tool``: outside the ledger, after the tool returned and the ledger
+  recorded it, before the tools step's write reaches the SqliteSaver;
+- ``after_save``: before the model call that follows the tool, when the tools
+  step is saved.
+
+Two forms of the same agent (``form``): ``"middleware"`` is ``create_agent``
+with ``ToolLedgerMiddleware`` (block points in a middleware outside it);
+``"toolnode"`` is a hand-built ``StateGraph`` whose ``ToolNode`` runs
+``ledger.wrap(pay)`` (block points in a tool around the wrapped one and in the
+model node).
 """
 
 from __future__ import annotations
@@ -33,10 +41,13 @@ from typing import Annotated, Any, Literal
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware
-from langchain_core.tools import tool
+from langchain_core.messages import ToolMessage
+from langchain_core.tools import BaseTool, tool
 from langchain_openai import ChatOpenAI
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 
 import awaken_langchain
 from awaken_langchain import (
@@ -49,6 +60,7 @@ from awaken_langchain.ledger import InjectedIdempotencyKey
 from awaken_langchain.middleware import StreamRecoveryMiddleware, ToolLedgerMiddleware
 
 StoreKind = Literal["diskcache", "file"]
+Form = Literal["middleware", "toolnode"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,7 @@ class LedgerChildSpec:
         prompt: The user message of a new run; ``None`` resumes the thread.
         block: ``"after_effect"``, ``"after_tool"`` or ``None``.
         use_async: ``astream`` over an ``AsyncSqliteSaver`` instead of ``stream``.
+        form: ``"middleware"`` or ``"toolnode"``.
     """
 
     name: str
@@ -80,6 +93,7 @@ class LedgerChildSpec:
     prompt: str | None = None
     block: str | None = None
     use_async: bool = False
+    form: Form = "middleware"
 
 
 class Channel:
@@ -113,27 +127,106 @@ def build_agent(spec: LedgerChildSpec, channel: Channel, saver: Any) -> Any:
             channel.block("after_effect")
         return f"paid {amount}"
 
-    class AfterTool(AgentMiddleware):  # type: ignore[type-arg]
+    model = ChatOpenAI(model="gpt-4o-mini", base_url=spec.base_url, api_key="x", max_retries=0)
+    ledger = ToolLedger(make_store(spec.store_kind, spec.store_dir))
+
+    def after_save(messages: list[Any]) -> None:
+        if spec.block == "after_save" and isinstance(messages[-1], ToolMessage):
+            channel.block("after_save")
+
+    if spec.form == "toolnode":
+        return tool_node_graph(spec, channel, saver, model, ledger.wrap(pay), after_save)
+
+    class BlockPoints(AgentMiddleware):  # type: ignore[type-arg]
         def wrap_tool_call(self, request: Any, handler: Any) -> Any:
+            if spec.block == "before_tool":
+                channel.block("before_tool")
             result = handler(request)
             if spec.block == "after_tool":
                 channel.block("after_tool")
             return result
 
         async def awrap_tool_call(self, request: Any, handler: Any) -> Any:
+            if spec.block == "before_tool":
+                channel.block("before_tool")
             result = await handler(request)
             if spec.block == "after_tool":
                 channel.block("after_tool")
             return result
 
-    model = ChatOpenAI(model="gpt-4o-mini", base_url=spec.base_url, api_key="x", max_retries=0)
-    ledger = ToolLedger(make_store(spec.store_kind, spec.store_dir))
+        def wrap_model_call(self, request: Any, handler: Any) -> Any:
+            after_save(request.messages)
+            return handler(request)
+
+        async def awrap_model_call(self, request: Any, handler: Any) -> Any:
+            after_save(request.messages)
+            return await handler(request)
+
     return create_agent(
         model,
         tools=[pay],
-        middleware=[StreamRecoveryMiddleware(), AfterTool(), ToolLedgerMiddleware(ledger)],
+        middleware=[StreamRecoveryMiddleware(), BlockPoints(), ToolLedgerMiddleware(ledger)],
         checkpointer=saver,
     )
+
+
+def tool_node_graph(
+    spec: LedgerChildSpec,
+    channel: Channel,
+    saver: Any,
+    model: ChatOpenAI,
+    wrapped: BaseTool,
+    after_save: Any,
+) -> Any:
+    """A model node and a ``ToolNode`` running the wrapped tool, built by hand."""
+
+    class BlockingTool(BaseTool):
+        """The wrapped tool, with the harness's block points around it."""
+
+        inner: BaseTool
+
+        def invoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+            if spec.block == "before_tool":
+                channel.block("before_tool")
+            result = self.inner.invoke(input, config, **kwargs)
+            if spec.block == "after_tool":
+                channel.block("after_tool")
+            return result
+
+        async def ainvoke(self, input: Any, config: Any = None, **kwargs: Any) -> Any:
+            if spec.block == "before_tool":
+                channel.block("before_tool")
+            result = await self.inner.ainvoke(input, config, **kwargs)
+            if spec.block == "after_tool":
+                channel.block("after_tool")
+            return result
+
+        def _run(self, *args: Any, **kwargs: Any) -> Any:
+            raise NotImplementedError
+
+    bound = model.bind_tools([wrapped])
+
+    def call_model(state: MessagesState) -> dict[str, Any]:
+        after_save(state["messages"])
+        return {"messages": [bound.invoke(state["messages"])]}
+
+    async def acall_model(state: MessagesState) -> dict[str, Any]:
+        after_save(state["messages"])
+        return {"messages": [await bound.ainvoke(state["messages"])]}
+
+    tool = BlockingTool(
+        name=wrapped.name,
+        description=wrapped.description,
+        args_schema=wrapped.args_schema,
+        inner=wrapped,
+    )
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", acall_model if spec.use_async else call_model)
+    builder.add_node("tools", ToolNode([tool]))
+    builder.add_edge(START, "model")
+    builder.add_conditional_edges("model", tools_condition)
+    builder.add_edge("tools", "model")
+    return builder.compile(checkpointer=saver)
 
 
 def run(spec: LedgerChildSpec, conn: Connection) -> None:

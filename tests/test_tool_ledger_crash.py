@@ -105,6 +105,7 @@ class World:
     store_kind: str
     root: Path
     use_async: bool
+    form: str
     children: list[Child]
 
     def start(self, name: str, *, prompt: str | None = None, block: str | None = None) -> Child:
@@ -120,6 +121,7 @@ class World:
             prompt=prompt,
             block=block,
             use_async=self.use_async,
+            form=self.form,  # type: ignore[arg-type]
         )
         child = Child(self.context, spec)
         self.children.append(child)
@@ -139,9 +141,17 @@ class World:
         return [m for m in self.memory() if isinstance(m, ToolMessage)]
 
 
+WORLDS = [
+    (form, kind, use_async)
+    for form in ("middleware", "toolnode")
+    for kind in ("diskcache", "file")
+    for use_async in (False, True)
+]
+
+
 @pytest.fixture(
-    params=[("diskcache", False), ("file", False), ("diskcache", True), ("file", True)],
-    ids=["diskcache-sync", "file-sync", "diskcache-async", "file-async"],
+    params=WORLDS,
+    ids=[f"{form}-{kind}-{'async' if a else 'sync'}" for form, kind, a in WORLDS],
 )
 def world(
     request: pytest.FixtureRequest,
@@ -149,12 +159,12 @@ def world(
     loopback_provider: LoopbackProvider,
     fork_server: ForkServerContext,
 ) -> Iterator[World]:
-    kind, use_async = request.param
+    form, kind, use_async = request.param
     loopback_provider.enqueue(
         Scenario(tool_calls=[ScriptedToolCall("pay", {"amount": 5}, id=CALL_ID)]),
         Scenario(text="Paid."),
     )
-    w = World(loopback_provider, fork_server, kind, tmp_path, use_async, [])
+    w = World(loopback_provider, fork_server, kind, tmp_path, use_async, form, [])
     yield w
     for child in w.children:
         if child.process.is_alive():
@@ -162,38 +172,67 @@ def world(
             child.process.join(WAIT)
 
 
-def test_killed_after_the_tool_returned_the_replacement_replays_the_result_and_pays_once(
-    world: World,
-) -> None:
-    first = world.start("first", prompt="Pay 5.", block="after_tool")
-    first.wait_event("blocked")
+def kill_at(world: World, point: str) -> None:
+    first = world.start("first", prompt="Pay 5.", block=point)
+    assert first.wait_event("blocked")["point"] == point
     first.kill()
-    assert world.tool_messages() == []  # the tools step never reached memory
+
+
+PAID = f"paid 5 {idempotency_key(THREAD, CALL_ID)}"
+
+
+def assert_one_tool_message(world: World, content: str, status: str) -> ToolMessage:
+    [message] = world.tool_messages()
+    assert message.tool_call_id == CALL_ID
+    assert message.status == status
+    assert content in message.content
+    assert world.memory()[-1].content == "Paid."
+    assert len(world.server.requests_for("openai")) == 2
+    return message
+
+
+def test_killed_before_the_tool_started_the_replacement_runs_it_once(world: World) -> None:
+    kill_at(world, "before_tool")
+    assert world.effects() == []
 
     world.start("replacement").finish()
 
-    assert world.effects() == [f"paid 5 {idempotency_key(THREAD, CALL_ID)}"]
-    [message] = world.tool_messages()
-    assert (message.tool_call_id, message.content, message.status) == (CALL_ID, "paid 5", "success")
-    assert world.memory()[-1].content == "Paid."
-    assert len(world.server.requests_for("openai")) == 2
+    assert world.effects() == [PAID]
+    assert_one_tool_message(world, "paid 5", "success")
 
 
 def test_killed_during_the_tool_after_its_effect_the_replacement_reports_it_and_never_pays_twice(
     world: World,
 ) -> None:
-    first = world.start("first", prompt="Pay 5.", block="after_effect")
-    first.wait_event("blocked")
-    first.kill()
+    kill_at(world, "after_effect")
 
     world.start("replacement").finish()
 
     key = idempotency_key(THREAD, CALL_ID)
-    assert world.effects() == [f"paid 5 {key}"]
-    [message] = world.tool_messages()
-    assert message.tool_call_id == CALL_ID
-    assert message.status == "error"
-    assert "outcome of this call is unknown" in message.content
-    assert key in message.content
-    second_request = world.server.requests_for("openai")[1].messages
-    assert key in str(second_request[-1]["content"])  # the model was told, with the key
+    assert world.effects() == [PAID]
+    assert_one_tool_message(world, "outcome of this call is unknown", "error")
+    told = world.server.requests_for("openai")[1].messages[-1]
+    assert key in str(told["content"])  # the model was told, with the key
+
+
+def test_killed_after_the_tool_returned_the_replacement_replays_the_result_and_pays_once(
+    world: World,
+) -> None:
+    kill_at(world, "after_tool")
+    assert world.tool_messages() == []  # the tools step never reached memory
+
+    world.start("replacement").finish()
+
+    assert world.effects() == [PAID]
+    assert_one_tool_message(world, "paid 5", "success")
+
+
+def test_killed_after_the_tools_step_was_saved_the_replacement_goes_on_from_memory(
+    world: World,
+) -> None:
+    kill_at(world, "after_save")
+
+    world.start("replacement").finish()
+
+    assert world.effects() == [PAID]
+    assert_one_tool_message(world, "paid 5", "success")
