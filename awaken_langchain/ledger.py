@@ -530,7 +530,7 @@ class ToolLedger:
         if call is None:
             return execute(tool_call)
         try:
-            epoch, existing = self._wait(lambda: self._begin(call.run_id))
+            epoch, existing = self._wait(lambda: self._begin(call))
         except StreamCheckpointError as exc:
             return self._without_ledger(call, exc, execute)
         decision = self._decide(call, existing)
@@ -625,7 +625,7 @@ class ToolLedger:
         if call is None:
             return await execute(tool_call)
         try:
-            epoch, existing = await self._await(lambda: self._begin(call.run_id))
+            epoch, existing = await self._await(lambda: self._begin(call))
         except StreamCheckpointError as exc:
             return await self._awithout_ledger(call, exc, execute)
         decision = self._decide(call, existing)
@@ -928,11 +928,24 @@ class ToolLedger:
 
     # -- store operations, bounded by the deadline -----------------------------------------
 
-    def _begin(self, run_id: str) -> tuple[int, LedgerRecord | None]:
-        """Claim the call's record and read it (claim first: a later claim fences us)."""
-        epoch = self.store.claim(run_id)
+    def _begin(self, call: _Call) -> tuple[int, LedgerRecord | None]:
+        """Read the call's record; claim it and read it again if this attempt may write it.
+
+        A call answered from its record (replayed, reported) claims nothing, so
+        a process still running the call is not fenced out of recording its
+        result. One that will write claims first and then reads: a claim made
+        by anyone after ours fences our writes, and a record written before it
+        is seen. Returns epoch 0 when nothing was claimed.
+        """
+        existing = self._read(call.run_id)
+        if existing is not None and self._decide(call, existing) in ("replay", "report"):
+            return 0, existing
+        epoch = self.store.claim(call.run_id)
+        return epoch, self._read(call.run_id)
+
+    def _read(self, run_id: str) -> LedgerRecord | None:
         checkpoint = self.store.get(run_id)
-        return epoch, None if checkpoint is None else read_record(checkpoint)
+        return None if checkpoint is None else read_record(checkpoint)
 
     def _put(self, record: LedgerRecord) -> None:
         text = record.encode()

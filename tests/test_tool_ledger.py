@@ -558,3 +558,25 @@ async def test_a_wrapped_tool_in_a_plain_tool_node_gets_its_key_and_runs_once(
 
     assert [o["messages"][-1].content for o in outputs] == ["paid 5", "paid 5"]
     assert effects.lines == [f"paid 5 {idempotency_key('thread-1', 'call_1')}"]
+
+
+def test_a_call_still_running_elsewhere_is_reported_and_its_owner_still_records_the_result(
+    store_factory: StoreFactory, effects: Effects
+) -> None:
+    store = store_factory()
+    answers: list[Any] = []
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay, while a second process re-runs the same call."""
+        effects.add("paid")
+        answers.append(ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call()))
+        return f"paid {amount}"
+
+    owner = ToolLedger(store).wrap(pay).invoke(tool_call())
+    later = ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call())
+
+    assert answers[0].status == "error"
+    assert "unknown" in answers[0].content
+    assert owner.content == later.content == "paid 5"
+    assert effects.lines == ["paid"]
