@@ -59,7 +59,7 @@ from awaken_langchain import (
 from awaken_langchain.ledger import InjectedIdempotencyKey
 from awaken_langchain.middleware import StreamRecoveryMiddleware, ToolLedgerMiddleware
 
-StoreKind = Literal["diskcache", "file"]
+StoreKind = Literal["diskcache", "file", "redis"]
 Form = Literal["middleware", "toolnode"]
 
 
@@ -71,7 +71,7 @@ class LedgerChildSpec:
         name: Names the child's output files.
         base_url: The loopback provider's OpenAI base URL.
         store_kind: The ledger's checkpoint store.
-        store_dir: The store's directory.
+        store_dir: The store's directory (for Redis: the key prefix).
         db_path: The SqliteSaver database file.
         thread_id: The LangGraph thread.
         effects: The file the tool appends its effect to.
@@ -80,6 +80,7 @@ class LedgerChildSpec:
         block: ``"after_effect"``, ``"after_tool"`` or ``None``.
         use_async: ``astream`` over an ``AsyncSqliteSaver`` instead of ``stream``.
         form: ``"middleware"`` or ``"toolnode"``.
+        redis_url: The ``redis-server`` of a ``"redis"`` store.
     """
 
     name: str
@@ -94,6 +95,7 @@ class LedgerChildSpec:
     block: str | None = None
     use_async: bool = False
     form: Form = "middleware"
+    redis_url: str | None = None
 
 
 class Channel:
@@ -109,10 +111,15 @@ class Channel:
             raise RuntimeError("unexpected message from the test")
 
 
-def make_store(kind: StoreKind, directory: str) -> StreamCheckpointStore:
-    if kind == "diskcache":
-        return DiskCacheStreamCheckpointStore(directory)
-    return FileStreamCheckpointStore(directory)
+def make_store(spec: LedgerChildSpec) -> StreamCheckpointStore:
+    if spec.store_kind == "redis":
+        from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+        assert spec.redis_url is not None
+        return RedisStreamCheckpointStore(spec.redis_url, prefix=spec.store_dir)
+    if spec.store_kind == "diskcache":
+        return DiskCacheStreamCheckpointStore(spec.store_dir)
+    return FileStreamCheckpointStore(spec.store_dir)
 
 
 def build_agent(spec: LedgerChildSpec, channel: Channel, saver: Any) -> Any:
@@ -128,7 +135,7 @@ def build_agent(spec: LedgerChildSpec, channel: Channel, saver: Any) -> Any:
         return f"paid {amount}"
 
     model = ChatOpenAI(model="gpt-4o-mini", base_url=spec.base_url, api_key="x", max_retries=0)
-    ledger = ToolLedger(make_store(spec.store_kind, spec.store_dir))
+    ledger = ToolLedger(make_store(spec))
 
     def after_save(messages: list[Any]) -> None:
         if spec.block == "after_save" and isinstance(messages[-1], ToolMessage):

@@ -30,6 +30,7 @@ from ledger_crash_child import LedgerChildSpec
 
 from awaken_langchain.ledger import idempotency_key
 from awaken_langchain.testing import LoopbackProvider, Scenario, ScriptedToolCall
+from tests.redis_server import prefix_for
 
 pytestmark = pytest.mark.slow
 
@@ -107,13 +108,16 @@ class World:
     use_async: bool
     form: str
     children: list[Child]
+    redis_url: str | None = None
 
     def start(self, name: str, *, prompt: str | None = None, block: str | None = None) -> Child:
         spec = LedgerChildSpec(
             name=name,
             base_url=self.server.base_url_openai,
             store_kind=self.store_kind,  # type: ignore[arg-type]
-            store_dir=str(self.root / "ledger"),
+            store_dir=(
+                prefix_for(self.root) if self.store_kind == "redis" else str(self.root / "ledger")
+            ),
             db_path=str(self.root / "memory.sqlite"),
             thread_id=THREAD,
             effects=str(self.root / "effects.txt"),
@@ -122,6 +126,7 @@ class World:
             block=block,
             use_async=self.use_async,
             form=self.form,  # type: ignore[arg-type]
+            redis_url=self.redis_url,
         )
         child = Child(self.context, spec)
         self.children.append(child)
@@ -144,14 +149,20 @@ class World:
 WORLDS = [
     (form, kind, use_async)
     for form in ("middleware", "toolnode")
-    for kind in ("diskcache", "file")
+    for kind in ("diskcache", "file", "redis")
     for use_async in (False, True)
 ]
 
 
 @pytest.fixture(
-    params=WORLDS,
-    ids=[f"{form}-{kind}-{'async' if a else 'sync'}" for form, kind, a in WORLDS],
+    params=[
+        pytest.param(
+            world,
+            id=f"{world[0]}-{world[1]}-{'async' if world[2] else 'sync'}",
+            marks=[pytest.mark.redis] if world[1] == "redis" else [],
+        )
+        for world in WORLDS
+    ],
 )
 def world(
     request: pytest.FixtureRequest,
@@ -165,6 +176,8 @@ def world(
         Scenario(text="Paid."),
     )
     w = World(loopback_provider, fork_server, kind, tmp_path, use_async, form, [])
+    if kind == "redis":
+        w.redis_url = request.getfixturevalue("redis_server").url
     yield w
     for child in w.children:
         if child.process.is_alive():
