@@ -530,7 +530,7 @@ class ToolLedger:
         if call is None:
             return execute(tool_call)
         try:
-            epoch, existing = self._wait(lambda: self._begin(call))
+            epoch, existing = self._wait(lambda: self._begin(call), call.run_id)
         except StreamCheckpointError as exc:
             return self._without_ledger(call, exc, execute)
         decision = self._decide(call, existing)
@@ -548,7 +548,7 @@ class ToolLedger:
                 return found
         started = self._started(call, epoch)
         try:
-            self._wait(lambda: self._put(started))
+            self._wait(lambda: self._put(started), started.run_id)
         except StreamCheckpointFencedError:
             return self._emitted(call, self._busy(call))
         except StreamCheckpointError as exc:
@@ -569,14 +569,14 @@ class ToolLedger:
     def _finish(self, call: _Call, epoch: int, started_at: float, result: ToolResult) -> None:
         record = self._ended(call, epoch, started_at, result)
         try:
-            self._wait(lambda: self._put(record))
+            self._wait(lambda: self._put(record), record.run_id)
         except StreamCheckpointError as exc:
             _emit(self._warning(call, f"the call's result was not recorded: {exc}"), call.config)
 
     def _fail(self, started: LedgerRecord, exc: BaseException) -> None:
         record = self._failed(started, exc)
         try:
-            self._wait(lambda: self._put(record))
+            self._wait(lambda: self._put(record), record.run_id)
         except StreamCheckpointError as failure:
             logger.warning("the failure of tool call %s was not recorded: %s", started.key, failure)
 
@@ -625,7 +625,7 @@ class ToolLedger:
         if call is None:
             return await execute(tool_call)
         try:
-            epoch, existing = await self._await(lambda: self._begin(call))
+            epoch, existing = await self._await(lambda: self._begin(call), call.run_id)
         except StreamCheckpointError as exc:
             return await self._awithout_ledger(call, exc, execute)
         decision = self._decide(call, existing)
@@ -647,7 +647,7 @@ class ToolLedger:
                 return kept
         started = self._started(call, epoch)
         try:
-            await self._await(lambda: self._put(started))
+            await self._await(lambda: self._put(started), started.run_id)
         except StreamCheckpointFencedError:
             return await self._aemitted(call, self._busy(call))
         except StreamCheckpointError as exc:
@@ -657,7 +657,7 @@ class ToolLedger:
         except Exception as exc:
             record = self._failed(started, exc)
             try:
-                await self._await(lambda: self._put(record))
+                await self._await(lambda: self._put(record), record.run_id)
             except StreamCheckpointError as failure:
                 logger.warning(
                     "the failure of tool call %s was not recorded: %s", call.key, failure
@@ -671,7 +671,7 @@ class ToolLedger:
     ) -> None:
         record = self._ended(call, epoch, started_at, result)
         try:
-            await self._await(lambda: self._put(record))
+            await self._await(lambda: self._put(record), record.run_id)
         except StreamCheckpointError as exc:
             await _aemit(
                 self._warning(call, f"the call's result was not recorded: {exc}"), call.config
@@ -968,13 +968,15 @@ class ToolLedger:
         )
         self.store.put(checkpoint)
 
-    def _wait(self, action: Callable[[], Any]) -> Any:
+    def _wait(self, action: Callable[[], Any], run_id: str) -> Any:
+        """Run ``action`` on the store's writer (after writes of ``run_id`` only), bounded."""
         writer = writer_for(self.store)
-        return writer.wait(writer.call(action), self.deadline)
+        return writer.wait(writer.call(action, runs=(run_id,)), self.deadline)
 
-    async def _await(self, action: Callable[[], Any]) -> Any:
+    async def _await(self, action: Callable[[], Any], run_id: str) -> Any:
+        """Async twin of `_wait`."""
         writer = writer_for(self.store)
-        return await writer.await_(writer.call(action), self.deadline)
+        return await writer.await_(writer.call(action, runs=(run_id,)), self.deadline)
 
 
 def _short(text: str) -> str:
