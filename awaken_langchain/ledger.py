@@ -78,6 +78,7 @@ __all__ = [
     "ToolLedger",
     "ToolLedgerConflictError",
     "ToolLedgerError",
+    "UnreadableRecordError",
     "idempotency_key",
     "is_ledger_record",
     "read_record",
@@ -101,6 +102,9 @@ DEFAULT_DEADLINE = 0.5
 _HEAD_ALLOWANCE = 2048
 """Bytes reserved for a record's head when checking its size against the store's limit."""
 
+_KEY_PARAMS_LIMIT = 1024
+"""How many tools' idempotency key parameters a ledger remembers."""
+
 _ERROR_LIMIT = 4000
 """Characters of a failed call's error that are recorded."""
 
@@ -110,6 +114,14 @@ ToolResult: TypeAlias = "ToolMessage | Command[Any]"
 
 class ToolLedgerError(AwakenError):
     """The ledger refused a tool call (its record would not fit, the store is unavailable)."""
+
+
+class UnreadableRecordError(StreamCheckpointError):
+    """A call's stored record cannot be read (corrupted, or written by a newer release).
+
+    The call is treated as one whose outcome is unknown: it is reported, never
+    run again on the strength of a record nobody can read.
+    """
 
 
 class ToolLedgerConflictError(ToolLedgerError):
@@ -231,7 +243,7 @@ def read_record(checkpoint: StreamCheckpoint) -> LedgerRecord:
     """The ledger record a checkpoint holds.
 
     Raises:
-        StreamCheckpointError: If the checkpoint holds no ledger record this
+        UnreadableRecordError: If the checkpoint holds no ledger record this
             release can read.
     """
     try:
@@ -244,7 +256,7 @@ def read_record(checkpoint: StreamCheckpoint) -> LedgerRecord:
         ):
             raise ValueError(f"state {record.state!r}")
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise StreamCheckpointError(
+        raise UnreadableRecordError(
             "stored tool ledger record is corrupted or of an unknown version",
             run_id=checkpoint.run_id,
             cause=exc,
@@ -531,6 +543,8 @@ class ToolLedger:
             return execute(tool_call)
         try:
             epoch, existing = self._wait(lambda: self._begin(call), call.run_id)
+        except UnreadableRecordError as exc:
+            return self._emitted(call, self._unreadable(call, exc))
         except StreamCheckpointError as exc:
             return self._without_ledger(call, exc, execute)
         decision = self._decide(call, existing)
@@ -626,6 +640,8 @@ class ToolLedger:
             return await execute(tool_call)
         try:
             epoch, existing = await self._await(lambda: self._begin(call), call.run_id)
+        except UnreadableRecordError as exc:
+            return await self._aemitted(call, self._unreadable(call, exc))
         except StreamCheckpointError as exc:
             return await self._awithout_ledger(call, exc, execute)
         decision = self._decide(call, existing)
@@ -749,6 +765,8 @@ class ToolLedger:
             if _is_injected_arg_type(annotation, injected_type=InjectedIdempotencyKey)
         )
         with self._lock:
+            if len(self._key_params) >= _KEY_PARAMS_LIMIT:  # tools built per call
+                self._key_params.clear()
             self._key_params[id(tool)] = (tool, params)
         return params
 
@@ -894,6 +912,18 @@ class ToolLedger:
             f"started at {started} and did not finish (the process running it stopped), so it "
             f"was not run again. Idempotency key: {call.key}. Check whether its effect happened "
             "before calling the tool again."
+        )
+        message = ToolMessage(
+            content=text, tool_call_id=str(call.tool_call.get("id")), name=call.tool, status="error"
+        )
+        return self._warning(call, text), message
+
+    def _unreadable(self, call: _Call, exc: UnreadableRecordError) -> tuple[Report, ToolResult]:
+        text = (
+            f"The outcome of this call is unknown: its record in the tool ledger cannot be "
+            f"read ({exc}), so tool {call.tool!r} was not run again. Idempotency key: "
+            f"{call.key}. Check whether its effect happened, then remove the record "
+            f"(awaken-langchain checkpoints rm {call.run_id}) to let the call run."
         )
         message = ToolMessage(
             content=text, tool_call_id=str(call.tool_call.get("id")), name=call.tool, status="error"

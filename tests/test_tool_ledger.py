@@ -580,3 +580,24 @@ def test_a_call_still_running_elsewhere_is_reported_and_its_owner_still_records_
     assert "unknown" in answers[0].content
     assert owner.content == later.content == "paid 5"
     assert effects.lines == ["paid"]
+
+
+def test_a_record_that_cannot_be_read_is_reported_not_run_again(
+    store_factory: StoreFactory, effects: Effects
+) -> None:
+    from awaken_langchain import StreamCheckpoint
+    from awaken_langchain.ledger import LEDGER_MODEL
+
+    store = store_factory()
+    run_id = "tool-ledger:" + idempotency_key("default", "call_1")
+    epoch = store.claim(run_id)
+    store.put(
+        StreamCheckpoint(run_id=run_id, model=LEDGER_MODEL, partial_text="{not json", epoch=epoch)
+    )
+
+    answer = ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call())
+
+    assert answer.status == "error"
+    assert "cannot be read" in answer.content
+    assert f"checkpoints rm {run_id}" in answer.content
+    assert effects.lines == []
