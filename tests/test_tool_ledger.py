@@ -601,3 +601,41 @@ def test_a_record_that_cannot_be_read_is_reported_not_run_again(
     assert "cannot be read" in answer.content
     assert f"checkpoints rm {run_id}" in answer.content
     assert effects.lines == []
+
+
+async def test_parallel_tool_calls_of_an_agent_each_get_their_own_record_and_key(
+    tmp_path: Path, effects: Effects, mode: str
+) -> None:
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from awaken_langchain import DiskCacheStreamCheckpointStore
+    from awaken_langchain.middleware import StreamRecoveryMiddleware, ToolLedgerMiddleware
+    from awaken_langchain.testing import LoopbackProvider, Scenario, ScriptedToolCall
+
+    ledger = ToolLedger(DiskCacheStreamCheckpointStore(tmp_path / "ledger"))
+    calls = [ScriptedToolCall("pay", {"amount": n}, id=f"call_{n}") for n in (1, 2)]
+    with LoopbackProvider() as server:
+        server.enqueue(Scenario(tool_calls=calls), Scenario(text="Done."))
+        agent = create_agent(
+            ChatOpenAI(model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x"),
+            tools=[make_pay(effects)],
+            middleware=[StreamRecoveryMiddleware(), ToolLedgerMiddleware(ledger)],
+            checkpointer=InMemorySaver(),
+        )
+        payload = {"messages": [("user", "Pay 1 and 2.")]}
+        if mode == "sync":
+            state = agent.invoke(payload, THREAD)
+        else:
+            state = await agent.ainvoke(payload, THREAD)
+
+    assert sorted(effects.lines) == [
+        f"paid {n} {idempotency_key('thread-1', f'call_{n}')}" for n in (1, 2)
+    ]
+    records = [ledger.record(f"call_{n}", THREAD) for n in (1, 2)]
+    assert [r.state if r else None for r in records] == ["finished", "finished"]
+    assert [m.content for m in state["messages"] if isinstance(m, ToolMessage)] == [
+        "paid 1",
+        "paid 2",
+    ]
