@@ -12,6 +12,8 @@ The child reports on a pipe, one dict per event: ``{"event": "started",
 point and waits for the test to kill it (or send ``"go"``), ``{"event":
 "done"}`` when the graph run returned. Block points (test harness only):
 
+- ``before_effect``: inside the tool, before its effect (the ledger holds
+  ``started``);
 - ``after_effect``: inside the tool, after its effect is on disk and before it
   returns (the ledger holds ``started``);
 - ``before_tool``: outside the ledger, before the tool call reaches it;
@@ -77,7 +79,7 @@ class LedgerChildSpec:
         effects: The file the tool appends its effect to.
         output_dir: Where ``<name>.err`` is written.
         prompt: The user message of a new run; ``None`` resumes the thread.
-        block: ``"after_effect"``, ``"after_tool"`` or ``None``.
+        block: A block point (above) or ``None``.
         use_async: ``astream`` over an ``AsyncSqliteSaver`` instead of ``stream``.
         form: ``"middleware"`` or ``"toolnode"``.
         redis_url: The ``redis-server`` of a ``"redis"`` store.
@@ -126,6 +128,8 @@ def build_agent(spec: LedgerChildSpec, channel: Channel, saver: Any) -> Any:
     @tool
     def pay(amount: int, key: Annotated[str, InjectedIdempotencyKey]) -> str:
         """Pay an amount."""
+        if spec.block == "before_effect":
+            channel.block("before_effect")
         with open(spec.effects, "a", encoding="utf-8") as handle:
             handle.write(f"paid {amount} {key}\n")
             handle.flush()
