@@ -22,6 +22,7 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.ledger import ToolLedger
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores import (
@@ -54,6 +55,7 @@ __all__ = [
     "StreamEndedEarlyError",
     "StreamInterruptedError",
     "StreamStalledError",
+    "ToolLedger",
     "__version__",
     "classify_error",
 ]

@@ -197,9 +197,70 @@ def _summary(checkpoint: StreamCheckpoint, now: float) -> dict[str, Any]:
     }
 
 
-def _rows(store: StreamCheckpointStore) -> list[dict[str, Any]]:
+def _rows(store: StreamCheckpointStore, *, ledger: bool = False) -> list[dict[str, Any]]:
+    """The store's in-flight turns, or (``ledger``) its tool ledger records."""
+    from awaken_langchain.ledger import LEDGER_PREFIX
+
     now = store.clock()
-    return [_row(store, run_id, now) for run_id in store.list_run_ids()]
+    return [
+        (_ledger_row if ledger else _row)(store, run_id, now)
+        for run_id in store.list_run_ids()
+        if run_id.startswith(LEDGER_PREFIX) == ledger
+    ]
+
+
+def _ledger_row(store: StreamCheckpointStore, run_id: str, now: float) -> dict[str, Any]:
+    """One tool ledger record as the operator sees it (or why it cannot be read)."""
+    from awaken_langchain.ledger import read_record
+
+    try:
+        checkpoint = store.get(run_id)
+        if checkpoint is None:
+            return {"run_id": run_id, "error": "gone (expired or removed meanwhile)"}
+        record = read_record(checkpoint)
+    except StreamCheckpointError as exc:
+        return {"run_id": run_id, "error": str(exc)}
+    return {
+        "run_id": run_id,
+        "scope": record.scope,
+        "tool": record.tool,
+        "tool_call_id": record.tool_call_id,
+        "state": record.state,
+        "epoch": record.epoch,
+        "age_seconds": round(max(0.0, now - checkpoint.updated_at), 3),
+        "size_bytes": len(encode_checkpoint(checkpoint)),
+    }
+
+
+_LEDGER_COLUMNS = ("record", "thread", "tool", "call id", "state", "age")
+
+
+def _print_ledger_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    """Print ledger records as a table (record keys whole), unreadable ones after it."""
+    from rich.table import Table
+
+    table = Table(title=_literal(title))
+    for column in _LEDGER_COLUMNS:
+        table.add_column(column, no_wrap=column == "record")
+    for row in rows:
+        if "error" not in row:
+            values = (
+                row["run_id"],
+                row["scope"],
+                row["tool"],
+                row["tool_call_id"],
+                row["state"],
+                _age(row["age_seconds"]),
+            )
+            table.add_row(*(_literal(value) for value in values))
+    console.print(table)
+    for unreadable in (row for row in rows if "error" in row):
+        console.print(
+            _literal("cannot be read: ", "bold red")
+            + _literal(unreadable["run_id"])
+            + _literal(f": {unreadable['error']}", "red"),
+            soft_wrap=True,
+        )
 
 
 def _age(seconds: float) -> str:
@@ -298,11 +359,17 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
 
 
 def cmd_checkpoints_list(args: argparse.Namespace, console: Console) -> int:
-    """List in-flight turns."""
+    """List in-flight turns (or, with ``--ledger``, tool ledger records)."""
     with _store(args, read_only=True) as store:
-        rows = _rows(store)
+        rows = _rows(store, ledger=args.ledger)
     if args.json:
         _print_json(console, rows)
+        return 0
+    if args.ledger:
+        if not rows:
+            console.print(_literal("No tool ledger records."))
+        else:
+            _print_ledger_rows(console, rows, f"Tool ledger records in {shown_store(args.store)}")
         return 0
     if not rows:
         console.print(_literal("No in-flight turns."))
@@ -325,6 +392,10 @@ def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
         now = store.clock()
     if checkpoint is None:
         raise CommandError(_not_found(args.run_id, args.store), exit_code=1)
+    from awaken_langchain.ledger import is_ledger_record
+
+    if is_ledger_record(checkpoint):
+        return _show_ledger_record(args, console, checkpoint, now)
     if args.json:
         _print_json(console, checkpoint.model_dump(mode="json"))
         return 0
@@ -350,6 +421,48 @@ def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
     for name, value in fields:
         table.add_row(name, _literal(value))
     table.add_row("text", _literal(checkpoint.partial_text or "(none)", keep="\n\t"))
+    console.print(table)
+    return 0
+
+
+def _show_ledger_record(
+    args: argparse.Namespace, console: Console, checkpoint: StreamCheckpoint, now: float
+) -> int:
+    """Show one tool ledger record in full."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from awaken_langchain.ledger import read_record
+
+    try:
+        record = read_record(checkpoint)
+    except StreamCheckpointError as exc:
+        raise CommandError(f"record {args.run_id!r} cannot be read: {exc}", exit_code=1) from exc
+    if args.json:
+        _print_json(console, dataclasses.asdict(record))
+        return 0
+    console.print(_literal("Tool ledger record ", "bold") + _literal(record.run_id), soft_wrap=True)
+    table = Table(show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    fields = [
+        ("idempotency key", record.key),
+        ("thread", record.scope),
+        ("tool call id", record.tool_call_id),
+        ("tool", f"{record.tool}({json.dumps(record.args, ensure_ascii=False)})"),
+        ("state", record.state),
+        ("epoch", str(record.epoch)),
+        ("started", f"{_age(max(0.0, now - record.started_at))} ago"),
+    ]
+    if record.ended_at is not None:
+        fields.append(("ended", f"{_age(max(0.0, now - record.ended_at))} ago"))
+    if record.result is not None:
+        fields.append(("result", json.dumps(record.result, ensure_ascii=False)))
+    if record.error is not None:
+        fields.append(("error", record.error))
+    for name, value in fields:
+        table.add_row(name, _literal(value))
     console.print(table)
     return 0
 
@@ -385,7 +498,7 @@ def cmd_checkpoints_gc(args: argparse.Namespace, console: Console) -> int:
     """
     with _store(args, ttl=args.older_than) as store:
         removed = store.gc()
-        skipped = [row for row in _rows(store) if "error" in row]
+        skipped = [row for row in _rows(store) + _rows(store, ledger=True) if "error" in row]
     if args.json:
         _print_json(
             console,
@@ -688,6 +801,11 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         help="list in-flight turns: run, thread, model, age, size, retries, epoch",
         description="List the in-flight turns in a checkpoint store.",
+    )
+    listing.add_argument(
+        "--ledger",
+        action="store_true",
+        help="list tool ledger records (one per tool call) instead of in-flight turns",
     )
     common(listing)
     listing.set_defaults(handler=cmd_checkpoints_list)

@@ -23,6 +23,7 @@ from benchmarks import (
     sdk_overhead,
     seam_accuracy,
     store_size,
+    tool_ledger,
     wasted_work,
 )
 
@@ -61,6 +62,7 @@ def main(quick: bool = False) -> None:
         _paced_instructions(streams=4, chars=40)
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
+        tool_ledger.main(calls=30)
     else:
         overhead.main()
         _instructions()
@@ -76,6 +78,7 @@ def main(quick: bool = False) -> None:
         _paced_instructions()
         seam_accuracy.main()
         store_size.main()
+        tool_ledger.main()
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 

@@ -22,6 +22,7 @@ def test_public_names_are_pinned() -> None:
             "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
+            "ToolLedger",
             "__version__",
             "classify_error",
         ]
