@@ -97,6 +97,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     FieldsCode,
@@ -274,6 +275,22 @@ def unreadable_locator(run_id: str) -> bytes | None:
 def corrupted(run_id: str, what: str) -> StreamCheckpointError:
     """Build the error for a stored record that cannot be read back."""
     return StreamCheckpointError(f"stored checkpoint is corrupted ({what})", run_id=run_id)
+
+
+def connection_failure(
+    message: str, exc: BaseException, *, run_id: str | None, spec: str | None
+) -> StreamCheckpointError:
+    """The error for a server or network failure: ``message``, then what went wrong.
+
+    The cause's text is masked with :func:`~awaken_langchain._secrets.redact`
+    (``spec`` is the store's connection string, whose secrets are masked wherever
+    the driver quotes them); the cause is kept as ``.cause``. Raise it ``from
+    None``, so that no traceback prints the driver's unmasked message.
+    """
+    why = redact(f"{type(exc).__name__}: {str(exc).strip()}", spec=spec)
+    error = StreamCheckpointError(f"{message}: {why}", run_id=run_id)
+    error.cause = exc
+    return error
 
 
 def next_epoch(current: int, floor: int) -> int:
@@ -559,6 +576,14 @@ def new_write_id() -> str:
     up the GIL waits for a busy event loop or caller to give it back.
     """
     return f"{_write_prefix}{next(_write_numbers):x}"
+
+
+def segment_sizes(extra: Any) -> list[int] | None:
+    """The segment sizes a head's ``extra`` lists, or ``None`` if it lists none readable."""
+    sizes = extra.get("segments") if isinstance(extra, Mapping) else None
+    if not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
+        return None
+    return sizes
 
 
 def plan_append(sizes: Sequence[int], delta: int) -> tuple[int, list[int]]:
@@ -1194,6 +1219,22 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             ) from exc
 
 
+class SegmentedCheckpointStore(DeltaCheckpointStore):
+    """A backend that keeps a run's text as segments, appended as :func:`plan_append` plans.
+
+    The head's ``extra`` lists the segment sizes (``{"segments": [...]}``); both
+    layouts are known before the head is encoded. A head whose list is unreadable
+    gets none here: the primitive reads the stored head and decides.
+    """
+
+    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
+        sizes = segment_sizes(last.extra)
+        return {} if sizes is None else {"segments": plan_append(sizes, delta)[1]}
+
+    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
+        return {"segments": [text_bytes] if text_bytes else []}
+
+
 __all__ = [
     "DeltaCheckpointStore",
     "EncodedFields",
@@ -1202,8 +1243,11 @@ __all__ = [
     "LastWrite",
     "PutPlan",
     "SIGNING_KEY_ENV",
+    "SegmentedCheckpointStore",
     "check_epoch",
+    "connection_failure",
     "corrupted",
+    "segment_sizes",
     "decode_head",
     "decode_text",
     "encode_text",

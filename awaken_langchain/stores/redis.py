@@ -79,6 +79,7 @@ from awaken_langchain.stores._base import (
     LastWrite,
     PutPlan,
     check_epoch,
+    connection_failure,
     decode_head,
     run_id_bytes,
 )
@@ -232,11 +233,6 @@ class _Client:
         )
 
 
-def _redact(url: str) -> str:
-    """Return ``url`` with its secrets masked (a password in its user part or query)."""
-    return redact(url)
-
-
 def _glob_escape(text: str) -> str:
     """Escape ``text`` for a Redis ``MATCH`` pattern."""
     return "".join("\\" + char if char in "*?[]\\" else char for char in text)
@@ -365,7 +361,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         self.prefix = prefix
         self._grace_ms = str(math.ceil(self.epoch_grace * 1000)).encode()
-        self._where = _redact(url) if url is not None else "the given Redis client"
+        self._where = redact(url) if url is not None else "the given Redis client"
         self._prefix_bytes = run_id_bytes(prefix)
         options: dict[str, Any] = {
             **connection_kwargs,
@@ -503,12 +499,13 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             try:
                 yield
             except _REDIS_ERRORS as exc:
-                raise StreamCheckpointError(
+                raise connection_failure(
                     f"Redis {action} failed at {self._where} (check that the server is up, "
                     "and the url, password and ssl settings of RedisStreamCheckpointStore)",
+                    exc,
                     run_id=run_id,
-                    cause=exc,
-                ) from exc
+                    spec=self.url,
+                ) from None
 
     # -- script calls, shared by the sync and async paths ---------------------------
 
