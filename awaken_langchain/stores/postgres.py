@@ -395,6 +395,8 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
         if updated.count != 1:  # someone else wrote since: the caller rewrites
             yield ("rollback", ())
             return None
+        if not delta:  # the other fields changed, the text did not: no segment to write
+            return head
         if first == len(sizes):
             yield ("add_segment", (key, first, delta))
         else:
