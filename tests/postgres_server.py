@@ -175,6 +175,20 @@ class PostgresServer:
             time.sleep(0.05)
         raise RuntimeError(f"the server did not start asking {role} for a password")
 
+    def processes(self) -> list[int]:
+        """The postmaster's process id and those of every process it started."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == postmaster:
+                    children.append(int(entry.name))
+        return [postmaster, *children]
+
     def stop(self) -> None:
         """Stop the server at once (its data is thrown away with the directory)."""
         subprocess.run(

@@ -11,16 +11,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.util
-import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
 import weakref
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,7 +33,6 @@ from tests.conftest import FakeClock
 from tests.redis_server import RedisServer, redis_server_binary, unique_prefix
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "redis_fencing_worker.py"
 
 pytestmark = pytest.mark.redis
 
@@ -655,71 +651,6 @@ def test_importing_the_package_does_not_need_redis_and_the_store_names_the_extra
         check=True,
     )
     assert "pip install 'awaken-langchain[redis]'" in result.stdout
-
-
-# -- fencing between processes -----------------------------------------------------
-
-
-SEGMENT = re.compile(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>")
-
-
-def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
-    redis_server: RedisServer,
-) -> None:
-    prefix, processes, runs, rounds = unique_prefix(), 4, 64, 2
-    workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                redis_server.url,
-                prefix,
-                str(worker),
-                str(processes),
-                str(runs),
-                str(rounds),
-                "async" if worker % 2 == 0 else "threads",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-            cwd=REPO_ROOT,
-        )
-        for worker in range(processes)
-    ]
-    logs = []
-    for process in workers:
-        out, err = process.communicate(timeout=60)
-        assert process.returncode == 0, err
-        logs.append(json.loads(out))
-
-    claims: dict[str, list[int]] = defaultdict(list)
-    accepted: dict[str, set[str]] = defaultdict(set)
-    for log in logs:
-        for run_id, epoch in log["claims"]:
-            claims[run_id].append(epoch)
-        for run_id, seg in log["accepted"]:
-            accepted[run_id].add(seg)
-    assert sum(log["fenced"] for log in logs) > 0, "no takeover happened; the test proves nothing"
-
-    with RedisStreamCheckpointStore(redis_server.url, prefix=prefix) as store:
-        for i in range(runs):
-            run_id = f"run-{i}"
-            # claims are atomic: every claim got its own epoch
-            assert len(set(claims[run_id])) == processes * rounds
-            final = store.get(run_id)
-            assert final is not None
-            # the last owner's writes are the last to land
-            assert final.epoch == max(claims[run_id])
-            segments = SEGMENT.findall(final.partial_text)
-            assert "".join(f"<{'.'.join(s)}>" for s in segments) == final.partial_text
-            # every accepted write extended the text, and nothing else did
-            assert {f"<{'.'.join(s)}>" for s in segments} == accepted[run_id]
-            assert len(segments) == len(accepted[run_id])
-            # a write from an older epoch never landed after a newer one
-            epochs = [int(s[0]) for s in segments]
-            assert epochs == sorted(epochs)
 
 
 def test_tls_connection_verifies_the_server_with_the_given_ca(tmp_path: Path) -> None:
