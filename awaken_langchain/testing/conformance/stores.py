@@ -646,16 +646,29 @@ class StoreConformanceTests:
         assert got is not None
         assert (got.partial_text, got.epoch) == ("a turn that streams for long", epoch)
 
-    def test_epoch_record_fences_unfenced_writers_for_the_grace_period(
+    def test_the_epoch_record_of_a_claim_without_a_checkpoint_fences_for_the_grace_period(
         self, stores: MakeStore, clock: SettableClock
     ) -> None:
         store = stores(ttl=1, clock=clock, epoch_grace=GRACE)
-        epoch = _one_turn(store, "run-1")
+        epoch = store.claim("run-1")  # its owner may still be on its way to the first write
         self._pass_time(store, clock, GRACE - 1)
         store.gc()
         with pytest.raises(StreamCheckpointFencedError):
             store.put(make_checkpoint(text="an unfenced writer", epoch=0))
         assert store.claim("run-1") > epoch
+
+    def test_a_stale_writer_is_fenced_once_the_new_owner_has_ended_the_run(
+        self, store: StreamCheckpointStore
+    ) -> None:
+        stale = store.claim("run-1")  # a writer that stalls, holding its epoch
+        store.put(make_checkpoint(text="stale owner", epoch=stale))
+        newer = _one_turn(store, "run-1")  # another process takes over and finishes the turn
+        with pytest.raises(StreamCheckpointFencedError):
+            store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
+        with pytest.raises(StreamCheckpointFencedError):
+            store.delete("run-1", epoch=stale)
+        assert store.get("run-1") is None
+        assert store.claim("run-1") > newer
 
     def test_stale_writer_is_refused_after_the_grace_period(
         self, stores: MakeStore, clock: SettableClock
