@@ -22,6 +22,7 @@ from benchmarks import (
     recovery_latency,
     sdk_overhead,
     seam_accuracy,
+    server_stores,
     store_size,
     wasted_work,
 )
@@ -61,6 +62,7 @@ def main(quick: bool = False) -> None:
         _paced_instructions(streams=4, chars=40)
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
+        server_stores.main(puts=5, turns=2, concurrent=8)
     else:
         overhead.main()
         _instructions()
@@ -76,6 +78,7 @@ def main(quick: bool = False) -> None:
         _paced_instructions()
         seam_accuracy.main()
         store_size.main()
+        server_stores.main(instructions=shutil.which("valgrind") is not None)
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 
