@@ -30,7 +30,7 @@ from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFence
 from awaken_langchain.stores._base import Head
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from tests.conftest import FakeClock
-from tests.redis_server import RedisServer, redis_server_binary, unique_prefix
+from tests.redis_server import RedisServer, free_port, redis_server_binary, unique_prefix
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -787,3 +787,14 @@ def test_a_turn_cut_off_by_a_killed_host_is_finished_by_another(
     finally:
         host.kill()
         host.wait(timeout=10)
+
+
+def test_a_valkey_client_that_cannot_connect_fails_naming_where_to_look() -> None:
+    valkey = pytest.importorskip("valkey")
+    client = valkey.Valkey(host="127.0.0.1", port=free_port(), socket_connect_timeout=0.5)
+    with (
+        RedisStreamCheckpointStore(client=client) as store,
+        pytest.raises(StreamCheckpointError, match="Redis get failed at the given Redis client"),
+    ):
+        store.get("run-1")
+    client.close()

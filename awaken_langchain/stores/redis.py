@@ -94,6 +94,13 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (
 )
 """What a Redis call raises when the server, network or data fails."""
 
+try:  # a client of valkey (redis-py's fork, a drop-in) raises its own copies of them
+    import valkey.exceptions
+except ImportError:
+    pass
+else:
+    _REDIS_ERRORS += (valkey.exceptions.ValkeyError, valkey.exceptions.ValkeyClusterException)
+
 _SCAN_BATCH = 500
 
 ASYNC_MAX_CONNECTIONS = 100
