@@ -242,7 +242,7 @@ def test_async_twins_run_on_the_loops_own_pool_and_close_it_with_the_loop(
 
     for _ in range(3):  # a fresh loop each time: no pool of a finished loop is kept
         assert asyncio.run(turn()) == ("async text", 1)
-        assert store._loop_pools == {}  # type: ignore[attr-defined]
+        assert len(store._loop_pools) == 0  # type: ignore[attr-defined]
     got = store.get("run-1")  # type: ignore[attr-defined]
     assert got is not None
     assert got.partial_text == "async text"

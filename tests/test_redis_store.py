@@ -587,7 +587,7 @@ def test_event_loops_that_end_leave_no_connections_and_no_loops_behind(
         asyncio.run(one_turn(n))
     gc.collect()
     assert _connections_named(raw, name) == 0
-    assert store._loop_clients == {}
+    assert len(store._loop_clients) == 0
     assert [ref for ref in loops if ref() is not None] == []
     assert store.get("run-59") is not None
     store.close()
@@ -615,7 +615,7 @@ def test_turns_of_a_wrapped_model_on_many_event_loops_leave_no_connections(
     # the checkpoint writer's pooled connection, whatever the number of loops
     assert _connections_named(raw, name) <= 1
     assert max(connections) <= 1
-    assert store._loop_clients == {}
+    assert len(store._loop_clients) == 0
     store.close()
 
 
@@ -627,7 +627,7 @@ def test_clients_of_loops_closed_without_shutdown_are_dropped(redis_server: Redi
         loop.close()
     assert len(store._loop_clients) == 1  # only the last loop's, until the next loop comes
     asyncio.run(store.aput(checkpoint("run-1", "loop 5")))
-    assert store._loop_clients == {}
+    assert len(store._loop_clients) == 0
     store.close()
 
 

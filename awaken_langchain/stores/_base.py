@@ -80,6 +80,7 @@ is the clock; see :mod:`awaken_langchain.stores.redis`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -93,9 +94,17 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
@@ -111,6 +120,9 @@ from awaken_langchain.checkpoint import (
     encode_json_string,
 )
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+
+R = TypeVar("R")
+"""A resource kept per event loop (see `PerLoop`)."""
 
 HEAD_FORMAT = "awaken-checkpoint-head"
 """Marker stored in every head record, so foreign data is recognised as such."""
@@ -1219,6 +1231,58 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             ) from exc
 
 
+class PerLoop(Generic[R]):
+    """One resource (a client, a pool) per running event loop, closed when that loop shuts down.
+
+    A resource belongs to the loop it was made on. A guard, an async generator
+    started on that loop, is finalised by ``loop.shutdown_asyncgens()``, which
+    ``asyncio.run`` and ``asyncio.Runner`` call before closing the loop, and
+    closes the resource there. Resources of loops closed without that shutdown
+    are dropped the next time one is made. So neither connections nor event
+    loops pile up however many loops use a store.
+    """
+
+    def __init__(self, close: Callable[[R], Awaitable[object]]) -> None:
+        self._close = close
+        self._made: dict[asyncio.AbstractEventLoop, tuple[R, AsyncGenerator[None, None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    async def get(self, make: Callable[[], Awaitable[R]]) -> R:
+        """The running loop's resource, made by ``make`` the first time."""
+        loop = asyncio.get_running_loop()
+        found = self._made.get(loop)
+        if found is not None:
+            return found[0]
+        for dead in [other for other in self._made if other.is_closed()]:
+            self._made.pop(dead, None)  # closed without shutdown_asyncgens
+        resource = await make()
+        guard = self._guard(loop, resource)
+        self._made[loop] = (resource, guard)
+        await anext(guard)  # runs to its first yield: registers it with the loop
+        return resource
+
+    async def aclose(self) -> None:
+        """Forget and close the running loop's resource, if it has one."""
+        found = self._made.get(asyncio.get_running_loop())
+        if found is not None:
+            await found[1].aclose()
+
+    async def _guard(
+        self, loop: asyncio.AbstractEventLoop, resource: R
+    ) -> AsyncGenerator[None, None]:
+        """Hold ``resource`` until the loop shuts its async generators down, then close it."""
+        try:
+            yield
+        finally:
+            found = self._made.get(loop)
+            if found is not None and found[0] is resource:
+                del self._made[loop]
+            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
+                await self._close(resource)
+
+
 class SegmentedCheckpointStore(DeltaCheckpointStore):
     """A backend that keeps a run's text as segments, appended as :func:`plan_append` plans.
 
@@ -1243,6 +1307,7 @@ __all__ = [
     "LastWrite",
     "PutPlan",
     "SIGNING_KEY_ENV",
+    "PerLoop",
     "SegmentedCheckpointStore",
     "check_epoch",
     "connection_failure",

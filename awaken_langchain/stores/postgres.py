@@ -35,7 +35,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -60,6 +60,7 @@ from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
     Head,
     LastWrite,
+    PerLoop,
     SegmentedCheckpointStore,
     check_epoch,
     connection_failure,
@@ -195,8 +196,7 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
             "connect_timeout": max(2, round(self.timeout)),
             "options": f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
         }
-        self._loop_pools: dict[asyncio.AbstractEventLoop, Any] = {}
-        self._loop_guards: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
+        self._loop_pools: PerLoop[Any] = PerLoop(lambda pool: pool.close())
         self._connect_error: BaseException | None = None
         """Why the store's own pool last failed to connect (it retries in the background)."""
         if pool is None:
@@ -461,47 +461,27 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
     async def _async_pool(self) -> Any:
         """The running loop's pool, or ``None`` to run the sync methods in a thread.
 
-        A pool the store creates belongs to one event loop and is closed when that
-        loop shuts down (a guard async generator, finalised by
-        ``loop.shutdown_asyncgens()``, which ``asyncio.run`` calls). A borrowed
-        sync pool has no async twin: its calls run in a worker thread.
+        A pool the store creates belongs to one event loop and is closed when
+        that loop shuts down (see `PerLoop`). A borrowed sync pool has no async
+        twin: its calls run in a worker thread.
         """
         if not self._owns_pool:
             return None
         if not self._ready:
             await asyncio.to_thread(self._prepare)
-        loop = asyncio.get_running_loop()
-        pool = self._loop_pools.get(loop)
-        if pool is None:
-            for dead in [other for other in self._loop_pools if other.is_closed()]:
-                self._loop_pools.pop(dead, None)
-            pool = psycopg_pool.AsyncConnectionPool(
-                self.dsn or "",
-                min_size=1,
-                max_size=self._max_connections,
-                open=False,
-                timeout=self.timeout,
-                kwargs=self._connect_kwargs,
-            )
-            self._loop_pools[loop] = pool
-            guard = self._close_at_loop_shutdown(loop, pool)
-            self._loop_guards[loop] = guard
-            await anext(guard)  # runs to its first yield: registers it with the loop
-            await pool.open(wait=False)
-        return pool
+        return await self._loop_pools.get(self._new_async_pool)
 
-    async def _close_at_loop_shutdown(
-        self, loop: asyncio.AbstractEventLoop, pool: Any
-    ) -> AsyncGenerator[None, None]:
-        """Hold ``pool`` until the loop shuts its async generators down, then close it."""
-        try:
-            yield
-        finally:
-            if self._loop_pools.get(loop) is pool:
-                del self._loop_pools[loop]
-                self._loop_guards.pop(loop, None)
-            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
-                await pool.close()
+    async def _new_async_pool(self) -> Any:
+        pool = psycopg_pool.AsyncConnectionPool(
+            self.dsn or "",
+            min_size=1,
+            max_size=self._max_connections,
+            open=False,
+            timeout=self.timeout,
+            kwargs=self._connect_kwargs,
+        )
+        await pool.open(wait=False)
+        return pool
 
     def _prepare(self) -> None:
         """Create or upgrade the tables (what the first operation of the store does)."""
@@ -578,9 +558,7 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
 
     async def aclose(self) -> None:
         """Close the pools the store created, including this event loop's async one."""
-        guard = self._loop_guards.get(asyncio.get_running_loop())
-        if guard is not None:
-            await guard.aclose()  # forgets and closes the loop's pool
+        await self._loop_pools.aclose()  # forgets and closes the loop's pool
         self.close()
 
     async def __aenter__(self) -> PostgresStreamCheckpointStore:
