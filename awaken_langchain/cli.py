@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 import time
 import uuid
@@ -30,6 +29,7 @@ from awaken_langchain._extras import (
     require_agents,
     visible,
 )
+from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, encode_checkpoint
 from awaken_langchain.errors import StreamCheckpointError
 
@@ -42,58 +42,14 @@ DEFAULT_DIR = Path(".awaken")
 
 STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss://, unix:// or postgresql:// URL"
 
-_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword=)([^&#\s'\"]*)")
-"""A ``password=`` URL parameter (redis-py reads the password from one)."""
-
-_SHORTEST_MASKED = 4
-"""Passwords shorter than this are masked only where they stand in a URL, not everywhere."""
-
-
-def _url_parts(spec: str) -> tuple[str, str, str, str] | None:
-    """Split a URL into scheme, user info, the rest of its location, and query plus fragment.
-
-    Tolerant of malformed URLs (``redis://u:pw@host:bad``), unlike ``urlsplit``.
-    """
-    scheme, sep, rest = spec.partition("://")
-    if not sep:
-        return None
-    cut = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
-    userinfo, _, host = rest[:cut].rpartition("@")
-    return scheme, userinfo, host, rest[cut:]
-
 
 def shown_store(spec: str) -> str:
-    """``spec`` as the command prints it: the password of a URL masked as ``***``.
+    """``spec`` as the command prints it: its passwords masked as ``***``.
 
-    Masks the user-info password and a ``password=`` parameter, also in a
+    Masks what :func:`~awaken_langchain._secrets.redact` masks, also in a
     malformed URL, and escapes hidden characters (see :func:`visible`).
     """
-    parts = _url_parts(spec)
-    if parts is None:
-        return visible(spec)
-    scheme, userinfo, host, tail = parts
-    if ":" in userinfo:
-        userinfo = userinfo.partition(":")[0] + ":***"
-    location = f"{userinfo}@{host}" if userinfo else host
-    return visible(f"{scheme}://{location}" + _PASSWORD_PARAMETER.sub(r"\1***", tail))
-
-
-def _masked(message: str, spec: str) -> str:
-    """``message`` with the passwords of ``spec`` masked, wherever they appear in it.
-
-    A store's own error may quote its URL in another form than ``spec`` (the
-    user-info password masked but not a ``password=`` parameter).
-    """
-    parts = _url_parts(spec)
-    message = message.replace(spec, shown_store(spec)) if spec else message
-    if parts is None:
-        return message
-    _, userinfo, _, tail = parts
-    secrets = [userinfo.partition(":")[2]] + [m[2] for m in _PASSWORD_PARAMETER.finditer(tail)]
-    for secret in secrets:
-        if len(secret) >= _SHORTEST_MASKED:
-            message = message.replace(secret, "***")
-    return _PASSWORD_PARAMETER.sub(r"\1***", message)
+    return visible(redact(spec, spec=spec))
 
 
 # -- checkpoint stores by name ---------------------------------------------------------------
@@ -133,7 +89,7 @@ def open_store(
             )
             return store
         except (ValueError, StreamCheckpointError) as exc:
-            raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
+            raise CommandError(f"--store {shown}: {redact(str(exc), spec=spec)}") from exc
     if scheme in ("postgres", "postgresql") and sep:
         require("psycopg", "postgres", purpose=f"--store {scheme}://...")
         require("psycopg_pool", "postgres", purpose=f"--store {scheme}://...")
@@ -142,7 +98,7 @@ def open_store(
         try:
             return PostgresStreamCheckpointStore(spec, ttl=ttl, read_only=read_only)
         except (ValueError, StreamCheckpointError) as exc:
-            raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
+            raise CommandError(f"--store {shown}: {redact(str(exc), spec=spec)}") from exc
     if scheme in ("diskcache", "file") and sep:
         if not rest:
             raise CommandError(f"--store {shown} names no directory; write {scheme}:PATH")
@@ -531,7 +487,7 @@ def _store(
         yield store
     except StreamCheckpointError as exc:
         raise CommandError(
-            f"the checkpoint store failed: {_masked(str(exc), args.store)}", exit_code=1
+            f"the checkpoint store failed: {redact(str(exc), spec=args.store)}", exit_code=1
         ) from exc
     finally:
         store.close()

@@ -22,6 +22,7 @@ from benchmarks import (
     recovery_latency,
     sdk_overhead,
     seam_accuracy,
+    server_stores,
     store_size,
     tool_ledger,
     wasted_work,
@@ -63,6 +64,7 @@ def main(quick: bool = False) -> None:
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
         tool_ledger.main(calls=30)
+        server_stores.main(puts=5, turns=2, concurrent=8)
     else:
         overhead.main()
         _instructions()
@@ -79,6 +81,7 @@ def main(quick: bool = False) -> None:
         seam_accuracy.main()
         store_size.main()
         tool_ledger.main()
+        server_stores.main(instructions=shutil.which("valgrind") is not None)
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 

@@ -26,6 +26,7 @@ from awaken_langchain.testing.conformance import StoreConformanceTests
 from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 from tests.redis_cluster import cluster_let_time_pass, cluster_store_on
+from tests.redis_server import valkey_let_time_pass, valkey_store_on
 
 BACKENDS = {backend.name: backend for backend in STORE_BACKENDS}
 
@@ -115,6 +116,21 @@ class TestRedisClusterStoreConformance(ProjectStoreKit):
         uses_directory=False,
         records=kit_only_records,
         let_time_pass=cluster_let_time_pass,
+    )
+
+
+class TestRedisStoreWithValkeyClientConformance(ProjectStoreKit):
+    """The Redis store through the ``valkey`` client (a fork of redis-py), not redis-py's."""
+
+    backend = StoreBackend(
+        name="redis-valkey-client",
+        make=valkey_store_on,
+        corrupt=kit_only_corrupt,
+        durable=True,
+        child_source="__import__('tests.redis_server', fromlist=['x']).valkey_store_on(location)",
+        uses_directory=False,
+        records=kit_only_records,
+        let_time_pass=valkey_let_time_pass,
     )
 
 

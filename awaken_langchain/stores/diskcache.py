@@ -7,7 +7,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,10 +23,10 @@ from awaken_langchain.checkpoint import (
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
-    DeltaCheckpointStore,
     Head,
     LastWrite,
     PutPlan,
+    SegmentedCheckpointStore,
     check_epoch,
     corrupted,
     decode_head,
@@ -36,6 +36,7 @@ from awaken_langchain.stores._base import (
     next_epoch,
     plan_append,
     run_id_bytes,
+    segment_sizes,
     unreadable_id,
     unreadable_locator,
 )
@@ -497,7 +498,7 @@ class _ReadOnlyCache:
             return _rows(self._connection.execute, keys)
 
 
-class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
+class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
     """Checkpoints in a diskcache directory, safe for several processes on one host.
 
     Every claim, put and delete runs in one SQLite transaction
@@ -654,12 +655,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     @staticmethod
     def _segments(head: Head) -> list[int]:
         """Return the head's text segment sizes."""
-        sizes = head.extra.get("segments")
-        if (
-            not isinstance(sizes, list)
-            or not all(type(n) is int and n > 0 for n in sizes)
-            or sum(sizes) != head.text_bytes
-        ):
+        sizes = segment_sizes(head.extra)
+        if sizes is None or sum(sizes) != head.text_bytes:
             raise corrupted(head.run_id, "head has no valid segment list")
         return sizes
 
@@ -933,15 +930,6 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return True
 
     # -- layout known before the head is encoded -------------------------------------
-
-    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
-        sizes = last.extra.get("segments")
-        if not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
-            return {}  # unreadable: the primitive reads the stored head and decides
-        return {"segments": plan_append(sizes, delta)[1]}
-
-    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
-        return {"segments": [text_bytes] if text_bytes else []}
 
     def _finish_put(self, plan: PutPlan, stored: Head, state: Any = None) -> None:
         """Remember a put of the general path, with what the next put needs to skip it."""

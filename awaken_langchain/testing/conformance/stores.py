@@ -351,6 +351,19 @@ class StoreConformanceTests:
         assert got is not None
         assert (got.partial_text, got.retry_count) == ("same", 4)
 
+    def test_text_extended_after_a_put_with_unchanged_text_reads_back_exactly(
+        self, stores: MakeStore
+    ) -> None:
+        self._shared()
+        store = stores()
+        store.put(make_checkpoint(text="same"))
+        store.put(make_checkpoint(text="same", retry_count=1))  # a tool call, no new text
+        store.put(make_checkpoint(text="same, and more"))
+        store.put(make_checkpoint(text="same, and more", retry_count=2))
+        store.put(make_checkpoint(text="same, and more text"))
+        assert _text_of(store.get("run-1")) == "same, and more text"
+        assert _text_of(stores().get("run-1")) == "same, and more text"
+
     def test_delta_put_never_splices_onto_another_writers_text(self, stores: MakeStore) -> None:
         self._shared()
         first, second = stores(), stores()
