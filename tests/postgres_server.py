@@ -189,8 +189,10 @@ class PostgresServer:
                     children.append(int(entry.name))
         return [postmaster, *children]
 
-    def stop(self) -> None:
-        """Stop the server at once (its data is thrown away with the directory)."""
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server: at once by default (its data is thrown away with the directory);
+        ``mode="fast"`` ends its sessions and writes what they committed, as a restart does.
+        """
         subprocess.run(
             [
                 *self.as_user,
@@ -198,7 +200,7 @@ class PostgresServer:
                 "-D",
                 str(self.data),
                 "-m",
-                "immediate",
+                mode,
                 "stop",
             ],
             capture_output=True,

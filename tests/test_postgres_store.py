@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -303,3 +304,70 @@ def test_an_exhausted_pool_costs_at_most_the_deadline_and_says_so(
     got = store.get("run-1")
     assert got is not None
     assert got.partial_text == "written before"  # nothing written before is lost
+
+
+# -- faults a production database brings --------------------------------------------------
+
+
+def test_a_user_without_privileges_gets_an_error_naming_them_and_nothing_is_lost(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    with Store(postgres_server.dsn, table=table) as owner:
+        owner.put(checkpoint(text="written by the owner"))
+    role = f"r_{uuid.uuid4().hex[:12]}"
+    with raw(postgres_server) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")  # trusted on loopback; owns nothing
+    dsn = f"host=127.0.0.1 port={postgres_server.port} user={role} dbname=awaken"
+    with Store(dsn, table=table, timeout=2) as intruder:
+        with pytest.raises(StreamCheckpointError) as caught:
+            intruder.put(checkpoint(text="overwritten?"))
+        with pytest.raises(StreamCheckpointError):
+            intruder.delete("run-1")
+    assert "permission denied" in str(caught.value) or "permission denied" in str(
+        caught.value.__cause__
+    )
+    assert "privileges" in str(caught.value)
+    with Store(postgres_server.dsn, table=table) as owner:
+        got = owner.get("run-1")
+    assert got is not None
+    assert got.partial_text == "written by the owner"
+
+
+def _once_back(store: Any, run_id: str) -> StreamCheckpoint | None:
+    """``store.get(run_id)`` once the store's pool has reconnected (it backs off meanwhile)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return store.get(run_id)  # type: ignore[no-any-return]
+        except StreamCheckpointError as exc:
+            if "PoolTimeout" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_a_server_restarted_mid_turn_costs_only_the_writes_made_while_it_was_down(
+    table: str,
+) -> None:
+    # its own server (under /tmp, which the postgres user can reach), since it stops
+    server = PostgresServer(Path(tempfile.mkdtemp(prefix="awaken-postgres-")))
+    server.start()
+    try:
+        with Store(server.dsn, table=table, timeout=1) as store:
+            epoch = store.claim("run-1")
+            store.put(checkpoint(text="before the restart", epoch=epoch))
+            server.stop(mode="fast")  # a restart: its sessions end, the server goes down
+            started = time.monotonic()
+            with pytest.raises(StreamCheckpointError) as caught:
+                store.put(checkpoint(text="before the restart, while down", epoch=epoch))
+            assert time.monotonic() - started < 5
+            assert PASSWORD not in str(caught.value)
+            server.start()
+            got = _once_back(store, "run-1")  # what was written before the restart is there
+            assert got is not None
+            assert got.partial_text == "before the restart"
+            store.put(checkpoint(text="before the restart, while down, after", epoch=epoch))
+            got = store.get("run-1")
+            assert got is not None
+            assert got.partial_text == "before the restart, while down, after"
+    finally:
+        server.remove()

@@ -342,10 +342,28 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
     # far. The driver runs all of one generator's statements in one transaction.
 
     def _run(self, steps: _Steps[_T]) -> _T:
-        """Run ``steps`` on a pooled connection, in one transaction."""
+        """Run ``steps`` on a pooled connection, in one transaction.
+
+        A pooled connection the server closed meanwhile (it restarted, or a
+        proxy dropped idle connections) fails at its first statement, before
+        anything of the transaction ran: the pool then checks its idle
+        connections and the steps run once more on a fresh one.
+        """
+        first = next(steps)
+        used: list[Any] = []
+        try:
+            return self._run_from(steps, first, used)
+        except psycopg.OperationalError:
+            if not _stale(used):
+                raise
+        self._pool.check()
+        return self._run_from(steps, first, [])
+
+    def _run_from(self, steps: _Steps[_T], first: _Step, used: list[Any]) -> _T:
         with self._connection() as conn:
+            used.append(conn)
+            name, params = first
             try:
-                name, params = next(steps)
                 while True:
                     if name == "rollback":
                         conn.rollback()
@@ -354,6 +372,7 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
                         cursor = conn.execute(self._sql[name], params)
                         rows = cursor.fetchall() if cursor.description is not None else []
                         reply = _Reply(rows, cursor.rowcount)
+                    used.append(None)  # a statement of the steps ran: never run them again
                     name, params = steps.send(reply)
             except StopIteration as done:
                 result: _T = done.value
@@ -490,9 +509,21 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
 
     async def _arun(self, pool: Any, steps: _Steps[_T]) -> _T:
         """Async twin of :meth:`_run`."""
+        first = next(steps)
+        used: list[Any] = []
+        try:
+            return await self._arun_from(pool, steps, first, used)
+        except psycopg.OperationalError:
+            if not _stale(used):
+                raise
+        await pool.check()
+        return await self._arun_from(pool, steps, first, [])
+
+    async def _arun_from(self, pool: Any, steps: _Steps[_T], first: _Step, used: list[Any]) -> _T:
         async with pool.connection(timeout=self.timeout) as conn:
+            used.append(conn)
+            name, params = first
             try:
-                name, params = next(steps)
                 while True:
                     if name == "rollback":
                         await conn.rollback()
@@ -501,6 +532,7 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
                         cursor = await conn.execute(self._sql[name], params)
                         rows = await cursor.fetchall() if cursor.description is not None else []
                         reply = _Reply(rows, cursor.rowcount)
+                    used.append(None)  # a statement of the steps ran: never run them again
                     name, params = steps.send(reply)
             except StopIteration as done:
                 result: _T = done.value
@@ -585,8 +617,19 @@ class _Reply:
     count: int
 
 
-_Steps = Generator[tuple[str, tuple[Any, ...]], _Reply, _T]
+_Step = tuple[str, tuple[Any, ...]]
+"""One statement of a step: its name in ``_STATEMENTS`` and its parameters."""
+
+_Steps = Generator[_Step, _Reply, _T]
 """A primitive's statements, each sent back its :class:`_Reply` (see ``_run``)."""
+
+
+def _stale(used: list[Any]) -> bool:
+    """Whether a failed run met a connection already closed, before any of its statements ran.
+
+    ``used`` holds the connection it got, then one entry per statement that ran.
+    """
+    return len(used) == 1 and bool(getattr(used[0], "broken", False))
 
 
 def _first(reply: _Reply) -> int:
