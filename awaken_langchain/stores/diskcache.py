@@ -450,6 +450,22 @@ class _ReadOnlyCache:
         )
         self._connection.execute("PRAGMA query_only = ON")
         self._lock = threading.RLock()  # one connection, shared by the async twins' threads
+        self._created = False
+
+    def _holds_table(self) -> bool:
+        """Whether the database has its table yet (the lock held).
+
+        A writer creates the database file, then its table: a reader that opens
+        the file in between reads an empty store, not an error.
+        """
+        if not self._created:
+            self._created = (
+                self._connection.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'Cache'"
+                ).fetchone()
+                is not None
+            )
+        return self._created
 
     def close(self) -> None:
         with self._lock:
@@ -473,6 +489,8 @@ class _ReadOnlyCache:
     def get(self, key: bytes, default: Any = None) -> Any:
         db_key, raw = self._disk.put(key)
         with self._lock:
+            if not self._holds_table():
+                return default
             row = self._connection.execute(
                 "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = ? "
                 "AND (expire_time IS NULL OR expire_time > ?)",
@@ -491,10 +509,14 @@ class _ReadOnlyCache:
 
     def key_rows(self) -> list[tuple[Any, int]]:
         with self._lock:
+            if not self._holds_table():
+                return []
             return list(self._connection.execute(_KEY_ROWS))
 
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
         with self._lock:
+            if not self._holds_table():
+                return {}
             return _rows(self._connection.execute, keys)
 
 
