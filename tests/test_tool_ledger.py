@@ -1,4 +1,4 @@
-"""The tool-call ledger's rules, on every checkpoint store, sync and async.
+"""The tool-call ledger's rules, on every checkpoint store (PostgreSQL too), sync and async.
 
 Each test runs real LangChain tools wrapped by ``ToolLedger.wrap`` (and, where
 the rule is about the agent form, ``ToolLedgerMiddleware`` in a real
@@ -31,8 +31,33 @@ from awaken_langchain.ledger import (
     idempotency_key,
 )
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
-from tests.conftest import FakeClock, StoreFactory
+from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
+from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 from tests.redis_server import RedisServer, unique_prefix
+
+POSTGRES = StoreBackend(
+    name="postgres",
+    make=postgres_store_on,
+    corrupt=corrupt_postgres,
+    durable=True,
+    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
+    uses_directory=False,
+    records=postgres_records,
+)
+"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
+
+
+@pytest.fixture(
+    params=[
+        *STORE_BACKENDS,
+        pytest.param(POSTGRES, marks=[pytest.mark.slow, pytest.mark.postgres]),
+    ],
+    ids=lambda backend: backend.name,
+)
+def store_backend(request: pytest.FixtureRequest) -> StoreBackend:
+    """Each store backend in turn, PostgreSQL too."""
+    backend: StoreBackend = request.param
+    return backend
 
 
 class Died(BaseException):
