@@ -702,8 +702,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--steps",
-        default="a,b,c,d,e",
-        help="which steps to run, comma-separated (default a,b,c,d,e)",
+        default="a,b,c,d,e,f",
+        help="which steps to run, comma-separated (default a,b,c,d,e,f)",
     )
     demo.add_argument(
         "--inject-failure",

@@ -502,9 +502,13 @@ class ToolLedger:
         ``return_direct`` and ``response_format``. Invoked with a ``ToolCall``
         (``ToolNode``, ``tool.invoke(tool_call)``) it goes through the ledger;
         invoked with plain arguments (no call id) it simply runs ``tool``.
+
+        Raises:
+            ToolLedgerError: If ``tool`` streams (see `refuse_streaming`).
         """
         if isinstance(tool, LedgerTool):
             raise ValueError(f"tool {tool.name!r} is already wrapped by a ToolLedger")
+        refuse_streaming(tool)
         return LedgerTool(
             name=tool.name,
             description=tool.description,
@@ -1007,6 +1011,57 @@ class ToolLedger:
         """Async twin of `_wait`."""
         writer = writer_for(self.store)
         return await writer.await_(writer.call(action, runs=(run_id,)), self.deadline)
+
+
+_STREAM_METHODS = ("stream", "astream", "transform", "atransform")
+
+
+def streaming_reason(tool: BaseTool) -> str | None:
+    """Why ``tool`` streams, or ``None`` when it does not.
+
+    LangChain tools do not stream their result: ``invoke`` returns it whole and
+    ``stream`` yields that one result (``ToolNode`` and ``create_agent`` only
+    call ``invoke``). A tool streams when it breaks that: its function is a
+    generator (``invoke`` then returns the generator's ``repr`` and its body
+    never runs), or its class overrides ``stream``/``astream``/``transform``/
+    ``atransform`` to yield several chunks. Progress sent on the side (callbacks,
+    LangGraph's stream writer) does not count: the result is still whole.
+    """
+    kind = type(tool)
+    functions = [
+        ("function", getattr(tool, "func", None)),
+        ("coroutine", getattr(tool, "coroutine", None)),
+        ("_run", getattr(kind, "_run", None)),
+        ("_arun", getattr(kind, "_arun", None)),
+    ]
+    for what, function in functions:
+        if inspect.isgeneratorfunction(function) or inspect.isasyncgenfunction(function):
+            return (
+                f"its {what} is a generator: invoke would return the generator object, not "
+                "its chunks, and the generator's body (the effect) would never run"
+            )
+    for name in _STREAM_METHODS:
+        if getattr(kind, name) is not getattr(BaseTool, name):
+            return (
+                f"{kind.__name__} overrides {name}, so its chunks would not be what the "
+                "ledger records and replays (one whole result)"
+            )
+    return None
+
+
+def refuse_streaming(tool: BaseTool) -> None:
+    """Refuse a tool that streams: the ledger records and replays one whole result.
+
+    Raises:
+        ToolLedgerError: If ``tool`` streams (see `streaming_reason`).
+    """
+    reason = streaming_reason(tool)
+    if reason is not None:
+        raise ToolLedgerError(
+            f"tool {tool.name!r} streams and cannot go through a ToolLedger: {reason}. "
+            "Return the complete result from the tool (join the chunks) and report "
+            "progress through callbacks or LangGraph's stream writer instead"
+        )
 
 
 def _short(text: str) -> str:

@@ -82,7 +82,7 @@ from langgraph.types import Command
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain.checkpoint import StreamCheckpointStore
 from awaken_langchain.fallback import resolve_fallbacks
-from awaken_langchain.ledger import KeyedTool, ToolLedger
+from awaken_langchain.ledger import KeyedTool, ToolLedger, refuse_streaming
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 
@@ -301,6 +301,7 @@ class ToolLedgerMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Run the call through the ledger: replayed, reported, or run and recorded."""
         if request.tool is None:  # not a registered tool: the tool node answers it
             return handler(request)
+        refuse_streaming(request.tool)
 
         def execute(call: ToolCall) -> ToolMessage | Command[Any]:
             return handler(_keyed(request, call))
@@ -315,6 +316,7 @@ class ToolLedgerMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         """Async twin of `wrap_tool_call`."""
         if request.tool is None:
             return await handler(request)
+        refuse_streaming(request.tool)
 
         async def execute(call: ToolCall) -> ToolMessage | Command[Any]:
             return await handler(_keyed(request, call))

@@ -61,7 +61,7 @@ from awaken_langchain import (
 from awaken_langchain.ledger import InjectedIdempotencyKey
 from awaken_langchain.middleware import StreamRecoveryMiddleware, ToolLedgerMiddleware
 
-StoreKind = Literal["diskcache", "file", "redis"]
+StoreKind = Literal["diskcache", "file", "redis", "postgres"]
 Form = Literal["middleware", "toolnode"]
 
 
@@ -73,7 +73,8 @@ class LedgerChildSpec:
         name: Names the child's output files.
         base_url: The loopback provider's OpenAI base URL.
         store_kind: The ledger's checkpoint store.
-        store_dir: The store's directory (for Redis: the key prefix).
+        store_dir: The store's directory (for Redis: the key prefix; for
+            PostgreSQL: the table).
         db_path: The SqliteSaver database file.
         thread_id: The LangGraph thread.
         effects: The file the tool appends its effect to.
@@ -83,6 +84,7 @@ class LedgerChildSpec:
         use_async: ``astream`` over an ``AsyncSqliteSaver`` instead of ``stream``.
         form: ``"middleware"`` or ``"toolnode"``.
         redis_url: The ``redis-server`` of a ``"redis"`` store.
+        postgres_dsn: The PostgreSQL server of a ``"postgres"`` store.
     """
 
     name: str
@@ -98,6 +100,7 @@ class LedgerChildSpec:
     use_async: bool = False
     form: Form = "middleware"
     redis_url: str | None = None
+    postgres_dsn: str | None = None
 
 
 class Channel:
@@ -119,6 +122,11 @@ def make_store(spec: LedgerChildSpec) -> StreamCheckpointStore:
 
         assert spec.redis_url is not None
         return RedisStreamCheckpointStore(spec.redis_url, prefix=spec.store_dir)
+    if spec.store_kind == "postgres":
+        from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+        assert spec.postgres_dsn is not None
+        return PostgresStreamCheckpointStore(spec.postgres_dsn, table=spec.store_dir)
     if spec.store_kind == "diskcache":
         return DiskCacheStreamCheckpointStore(spec.store_dir)
     return FileStreamCheckpointStore(spec.store_dir)

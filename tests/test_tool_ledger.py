@@ -1,4 +1,4 @@
-"""The tool-call ledger's rules, on every checkpoint store, sync and async.
+"""The tool-call ledger's rules, on every checkpoint store (PostgreSQL too), sync and async.
 
 Each test runs real LangChain tools wrapped by ``ToolLedger.wrap`` (and, where
 the rule is about the agent form, ``ToolLedgerMiddleware`` in a real
@@ -13,7 +13,7 @@ import asyncio
 import signal
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,8 +31,33 @@ from awaken_langchain.ledger import (
     idempotency_key,
 )
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
-from tests.conftest import FakeClock, StoreFactory
+from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
+from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 from tests.redis_server import RedisServer, unique_prefix
+
+POSTGRES = StoreBackend(
+    name="postgres",
+    make=postgres_store_on,
+    corrupt=corrupt_postgres,
+    durable=True,
+    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
+    uses_directory=False,
+    records=postgres_records,
+)
+"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
+
+
+@pytest.fixture(
+    params=[
+        *STORE_BACKENDS,
+        pytest.param(POSTGRES, marks=[pytest.mark.slow, pytest.mark.postgres]),
+    ],
+    ids=lambda backend: backend.name,
+)
+def store_backend(request: pytest.FixtureRequest) -> StoreBackend:
+    """Each store backend in turn, PostgreSQL too."""
+    backend: StoreBackend = request.param
+    return backend
 
 
 class Died(BaseException):
@@ -639,3 +664,102 @@ async def test_parallel_tool_calls_of_an_agent_each_get_their_own_record_and_key
         "paid 1",
         "paid 2",
     ]
+
+
+async def run_agent(agent: Any, mode: str, payload: Any) -> Any:
+    if mode == "sync":
+        return agent.invoke(payload, THREAD)
+    return await agent.ainvoke(payload, THREAD)
+
+
+def _generator_tools(effects: Effects) -> list[BaseTool]:
+    from langchain_core.tools import StructuredTool
+
+    @tool
+    def pay_in_parts(amount: int) -> Iterator[str]:
+        """Pay an amount, reporting each part."""
+        effects.add(f"paid {amount}")
+        yield "part 1"
+        yield "part 2"
+
+    async def apay_in_parts(amount: int) -> AsyncIterator[str]:
+        effects.add(f"paid {amount}")
+        yield "part 1"
+
+    async_generator = StructuredTool.from_function(
+        coroutine=apay_in_parts, name="apay_in_parts", description="Pay in parts."
+    )
+    return [pay_in_parts, async_generator]
+
+
+class StreamingPay(BaseTool):
+    """A tool class whose stream yields chunks of its own."""
+
+    name: str = "pay"
+    description: str = "Pay an amount."
+
+    def _run(self, amount: int) -> str:
+        return f"paid {amount}"
+
+    def stream(self, input: Any, config: Any = None, **kwargs: Any) -> Iterator[Any]:
+        yield "paid "
+        yield "5"
+
+
+def test_wrap_refuses_a_tool_that_streams_before_any_call(effects: Effects) -> None:
+    ledger = ToolLedger(InMemoryStreamCheckpointStore())
+    for streaming in [*_generator_tools(effects), StreamingPay()]:
+        with pytest.raises(ToolLedgerError, match="streams and cannot go through a ToolLedger"):
+            ledger.wrap(streaming)
+    with pytest.raises(ToolLedgerError, match="is a generator: invoke would return"):
+        ledger.wrap(_generator_tools(effects)[0])
+    with pytest.raises(ToolLedgerError, match="StreamingPay overrides stream"):
+        ledger.wrap(StreamingPay())
+    assert effects.lines == []
+
+
+async def test_streaming_a_wrapped_tool_yields_its_one_result_recorded_and_replayed(
+    effects: Effects, mode: str
+) -> None:
+    wrapped = ToolLedger(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))
+    if mode == "sync":
+        first = list(wrapped.stream(tool_call(), THREAD))
+        again = list(wrapped.stream(tool_call(), THREAD))
+    else:
+        first = [chunk async for chunk in wrapped.astream(tool_call(), THREAD)]
+        again = [chunk async for chunk in wrapped.astream(tool_call(), THREAD)]
+
+    assert len(effects.lines) == 1
+    assert [m.content for m in first] == ["paid 5"]
+    assert again == first
+
+
+async def test_the_middleware_refuses_a_generator_tool_before_running_it(
+    tmp_path: Path, effects: Effects, mode: str
+) -> None:
+    from langchain.agents import create_agent
+    from langchain_openai import ChatOpenAI
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from awaken_langchain.middleware import ToolLedgerMiddleware
+    from awaken_langchain.testing import LoopbackProvider, Scenario, ScriptedToolCall
+
+    generator = _generator_tools(effects)[0]
+    ledger = ToolLedger(InMemoryStreamCheckpointStore())
+    with LoopbackProvider() as server:
+        server.enqueue(
+            Scenario(tool_calls=[ScriptedToolCall("pay_in_parts", {"amount": 5}, id="call_1")]),
+            Scenario(text="Done."),
+        )
+        agent = create_agent(
+            ChatOpenAI(model="gpt-4o-mini", base_url=server.base_url_openai, api_key="x"),
+            tools=[generator],
+            middleware=[ToolLedgerMiddleware(ledger)],
+            checkpointer=InMemorySaver(),
+        )
+        payload = {"messages": [("user", "Pay 5.")]}
+        with pytest.raises(ToolLedgerError, match="'pay_in_parts' streams"):
+            await run_agent(agent, mode, payload)
+
+    assert effects.lines == []
+    assert ledger.record("call_1", THREAD) is None

@@ -30,6 +30,7 @@ from ledger_crash_child import LedgerChildSpec
 
 from awaken_langchain.ledger import idempotency_key
 from awaken_langchain.testing import LoopbackProvider, Scenario, ScriptedToolCall
+from tests.postgres_server import shared_postgres_server, table_for
 from tests.redis_server import prefix_for
 
 pytestmark = pytest.mark.slow
@@ -109,15 +110,21 @@ class World:
     form: str
     children: list[Child]
     redis_url: str | None = None
+    postgres_dsn: str | None = None
+
+    def store_location(self) -> str:
+        if self.store_kind == "redis":
+            return prefix_for(self.root)
+        if self.store_kind == "postgres":
+            return table_for(self.root)
+        return str(self.root / "ledger")
 
     def start(self, name: str, *, prompt: str | None = None, block: str | None = None) -> Child:
         spec = LedgerChildSpec(
             name=name,
             base_url=self.server.base_url_openai,
             store_kind=self.store_kind,  # type: ignore[arg-type]
-            store_dir=(
-                prefix_for(self.root) if self.store_kind == "redis" else str(self.root / "ledger")
-            ),
+            store_dir=self.store_location(),
             db_path=str(self.root / "memory.sqlite"),
             thread_id=THREAD,
             effects=str(self.root / "effects.txt"),
@@ -127,6 +134,7 @@ class World:
             use_async=self.use_async,
             form=self.form,  # type: ignore[arg-type]
             redis_url=self.redis_url,
+            postgres_dsn=self.postgres_dsn,
         )
         child = Child(self.context, spec)
         self.children.append(child)
@@ -149,7 +157,7 @@ class World:
 WORLDS = [
     (form, kind, use_async)
     for form, kinds in (
-        ("middleware", ("diskcache", "file", "redis")),
+        ("middleware", ("diskcache", "file", "redis", "postgres")),
         ("toolnode", ("diskcache",)),
     )
     for kind in kinds
@@ -164,7 +172,9 @@ underneath) on one store, to keep the matrix's wall time small."""
         pytest.param(
             world,
             id=f"{world[0]}-{world[1]}-{'async' if world[2] else 'sync'}",
-            marks=[pytest.mark.redis] if world[1] == "redis" else [],
+            marks={"redis": [pytest.mark.redis], "postgres": [pytest.mark.postgres]}.get(
+                world[1], []
+            ),
         )
         for world in WORLDS
     ],
@@ -183,6 +193,8 @@ def world(
     w = World(loopback_provider, fork_server, kind, tmp_path, use_async, form, [])
     if kind == "redis":
         w.redis_url = request.getfixturevalue("redis_server").url
+    if kind == "postgres":
+        w.postgres_dsn = shared_postgres_server().dsn
     yield w
     for child in w.children:
         if child.process.is_alive():
