@@ -20,6 +20,7 @@ from benchmarks import (
     overhead,
     paced_instructions,
     recovery_latency,
+    sdk_instructions,
     sdk_overhead,
     seam_accuracy,
     store_size,
@@ -41,6 +42,13 @@ def _paced_instructions(**sizes: int) -> None:
         return
     paced_instructions.main(**sizes)
     print()
+
+
+def _sdk_instructions() -> None:
+    if shutil.which("valgrind") is None:
+        print("instructions around the real integrations: skipped, valgrind is not installed\n")
+        return
+    sdk_instructions.main()
 
 
 def main(quick: bool = False) -> None:
@@ -65,6 +73,7 @@ def main(quick: bool = False) -> None:
         overhead.main()
         _instructions()
         sdk_overhead.main()
+        _sdk_instructions()
         checkpoint_put.main()
         checkpoint_growth.main()
         recovery_latency.main()
