@@ -307,8 +307,8 @@ def main(settings: Settings | None = None) -> list[Row]:
                     LABELS[r.case],
                     f"{r.per_chunk:,.0f}",
                     f"{r.ratio:.3f}x",
-                    f"{r.without_gc:,.0f}",
-                    f"{r.ratio_without_gc:.3f}x",
+                    "-" if r.without_gc != r.without_gc else f"{r.without_gc:,.0f}",  # nan: not run
+                    "-" if r.without_gc != r.without_gc else f"{r.ratio_without_gc:.3f}x",
                     f"{r.writes_per_1000:.0f}",
                     "-"
                     if r.spread[0] == r.spread[1]
