@@ -20,6 +20,7 @@ from benchmarks import (
     overhead,
     paced_instructions,
     recovery_latency,
+    sdk_instructions,
     sdk_overhead,
     seam_accuracy,
     server_stores,
@@ -43,6 +44,13 @@ def _paced_instructions(**sizes: int) -> None:
         return
     paced_instructions.main(**sizes)
     print()
+
+
+def _sdk_instructions() -> None:
+    if shutil.which("valgrind") is None:
+        print("instructions around the real integrations: skipped, valgrind is not installed\n")
+        return
+    sdk_instructions.main()
 
 
 def main(quick: bool = False) -> None:
@@ -69,6 +77,7 @@ def main(quick: bool = False) -> None:
         overhead.main()
         _instructions()
         sdk_overhead.main()
+        _sdk_instructions()
         checkpoint_put.main()
         checkpoint_growth.main()
         recovery_latency.main()
