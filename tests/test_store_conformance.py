@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from awaken_langchain import (
-    StreamCheckpoint,
     StreamCheckpointError,
     StreamCheckpointFencedError,
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import SIGNING_KEY_ENV, DeltaCheckpointStore, Head
 from awaken_langchain.testing.conformance import StoreConformanceTests
+from awaken_langchain.testing.conformance.stores import GRACE, make_checkpoint, one_turn
 from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 from tests.redis_cluster import cluster_let_time_pass, cluster_store_on
@@ -144,19 +144,6 @@ def store_backend(request: pytest.FixtureRequest) -> StoreBackend:
     return backend
 
 
-def make_checkpoint(
-    run_id: str = "run-1", text: str = "Hello", **update: object
-) -> StreamCheckpoint:
-    return StreamCheckpoint(
-        run_id=run_id,
-        thread_id="thread-1",
-        model="gpt-test",
-        message_id="msg-1",
-        partial_text=text,
-        **update,  # type: ignore[arg-type]
-    )
-
-
 def durable(factory: StoreFactory) -> None:
     if not factory.backend.durable:
         pytest.skip(f"{factory.backend.name} store keeps nothing beyond one instance")
@@ -195,20 +182,6 @@ def test_delta_put_writes_about_its_delta_not_the_whole_text(
 
 
 # -- the epoch records' horizon ---------------------------------------------------------
-
-GRACE = 60.0
-
-
-def one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
-    """Claim, write three checkpoints and (unless abandoned) delete: one turn."""
-    epoch = store.claim(run_id)
-    text = ""
-    for step in range(3):
-        text += f"token {step} "
-        store.put(make_checkpoint(run_id, text, epoch=epoch))
-    if finish:
-        store.delete(run_id, epoch=epoch)
-    return epoch
 
 
 def test_store_returns_to_its_baseline_after_turns_and_gc(

@@ -53,7 +53,7 @@ from awaken_langchain.checkpoint import (
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
 from awaken_langchain.stores._base import SIGNING_KEY_ENV
 
-__all__ = ["SettableClock", "StoreConformanceTests", "make_checkpoint"]
+__all__ = ["GRACE", "SettableClock", "StoreConformanceTests", "make_checkpoint", "one_turn"]
 
 MakeStore = Callable[..., StreamCheckpointStore]
 
@@ -113,9 +113,10 @@ HOSTILE_TEXTS = [
 KEY = "a signing key of 32 characters!"
 OTHER_KEY = "another key, also long enough..."
 GRACE = 60.0
+"""The stores' ``epoch_grace`` in the tests that move their clock past it (seconds)."""
 
 
-def _one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
+def one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
     """Claim, write three checkpoints and (unless abandoned) delete: one turn."""
     epoch = store.claim(run_id)
     text = ""
@@ -662,7 +663,7 @@ class StoreConformanceTests:
     ) -> None:
         stale = store.claim("run-1")  # a writer that stalls, holding its epoch
         store.put(make_checkpoint(text="stale owner", epoch=stale))
-        newer = _one_turn(store, "run-1")  # another process takes over and finishes the turn
+        newer = one_turn(store, "run-1")  # another process takes over and finishes the turn
         with pytest.raises(StreamCheckpointFencedError):
             store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
         with pytest.raises(StreamCheckpointFencedError):
@@ -676,7 +677,7 @@ class StoreConformanceTests:
         store = stores(ttl=1, clock=clock, epoch_grace=GRACE)
         stale = store.claim("run-1")  # a writer that stalls, holding its epoch
         store.put(make_checkpoint(text="stale owner", epoch=stale))
-        newer = _one_turn(store, "run-1")  # another process takes over and finishes
+        newer = one_turn(store, "run-1")  # another process takes over and finishes
         self._pass_time(store, clock, GRACE + 2)
         store.gc()
         with pytest.raises(StreamCheckpointError):
