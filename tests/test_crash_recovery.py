@@ -22,8 +22,6 @@ seconds of imports.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import sqlite3
@@ -37,6 +35,7 @@ from typing import Any
 import crash_child
 import pytest
 from crash_child import ChildSpec
+from fork_server import fork_server as start_fork_server
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -69,24 +68,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def fork_server() -> ForkServerContext:
-    """A fork server that has imported the child's code from this repository.
-
-    The fork server is started with ``PYTHONPATH`` set to the repository root
-    (and ``tests/``), so children run this worktree's ``awaken_langchain``,
-    not an installed copy; each child checks that in its first report.
-    """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["crash_child"])
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return context
+    """A fork server that has imported the child's code from this repository."""
+    return start_fork_server("crash_child")
 
 
 class Child:

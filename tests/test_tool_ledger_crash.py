@@ -11,8 +11,6 @@ Synchronisation is by the child's reports, never by sleeping.
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import sqlite3
@@ -24,6 +22,7 @@ from typing import Any
 
 import ledger_crash_child
 import pytest
+from fork_server import fork_server as start_fork_server
 from langchain_core.messages import BaseMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from ledger_crash_child import LedgerChildSpec
@@ -43,19 +42,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def fork_server() -> ForkServerContext:
-    """A fork server that imports the child's code from this repository once."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["ledger_crash_child"])
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return context
+    """A fork server that has imported the child's code from this repository."""
+    return start_fork_server("ledger_crash_child")
 
 
 class Child:
