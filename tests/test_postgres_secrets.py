@@ -10,19 +10,13 @@ all name where the store is with the password masked.
 from __future__ import annotations
 
 import io
-import logging
-import warnings
-from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from rich.console import Console
+from warning_outlets import store_failure_outlets
 
 from awaken_langchain._secrets import redact
 from awaken_langchain.cli import main
-from awaken_langchain.model import RecoveringChatModel
-from awaken_langchain.retry import RetryPolicy
-from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
 from tests.postgres_server import PostgresServer, shared_postgres_server
 
 pytestmark = pytest.mark.postgres
@@ -48,14 +42,6 @@ def guarded() -> PostgresServer:
     return server
 
 
-class _Events(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.events: list[tuple[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        self.events.append((name, data))
-
-
 @pytest.mark.parametrize("form", list(DSNS))
 def test_a_postgres_password_is_masked_in_the_warning_the_log_and_the_event(
     form: str, guarded: PostgresServer, caplog: pytest.LogCaptureFixture
@@ -64,27 +50,7 @@ def test_a_postgres_password_is_masked_in_the_warning_the_log_and_the_event(
 
     dsn = DSNS[form].format(port=guarded.port, secret=SECRET)
     store = PostgresStreamCheckpointStore(dsn, timeout=1)
-    model = RecoveringChatModel(
-        model=ScriptedChatModel(scripts=[[*text("still answered"), finish()]]),
-        store=store,
-        retry_policy=RetryPolicy(sleep=lambda _s: None),
-        checkpoint_deadline=10.0,  # the store's own error, not the writer's deadline, is told
-    )
-    handler = _Events()
-    with (
-        caplog.at_level(logging.WARNING, logger="awaken_langchain"),
-        warnings.catch_warnings(record=True) as caught,
-    ):
-        warnings.simplefilter("always")
-        answer = model.invoke("q", config={"callbacks": [handler]})
-    store.close()
-    assert answer.content == "still answered"
-
-    said = [str(w.message) for w in caught if "checkpoint store failed" in str(w.message)]
-    logged = [r for r in caplog.records if "checkpoint store failed" in r.getMessage()]
-    sent = [data for name, data in handler.events if name == "awaken_checkpoint_warning"]
-    assert len(said) == len(logged) == len(sent) == 1  # each outlet got the warning
-    outlets = [said[0], logged[0].getMessage(), str(vars(logged[0])), str(sent[0])]
+    outlets = store_failure_outlets(store, caplog)
     assert [SECRET in outlet for outlet in outlets] == [False] * 4
     assert all("***" in outlet for outlet in outlets)  # where the password was
     assert all('password authentication failed for user "guarded"' in o for o in outlets)
