@@ -510,15 +510,9 @@ class ToolLedger:
             raise ValueError(f"tool {tool.name!r} is already wrapped by a ToolLedger")
         refuse_streaming(tool)
         return LedgerTool(
-            name=tool.name,
-            description=tool.description,
-            args_schema=tool.args_schema,
-            return_direct=tool.return_direct,
-            response_format=tool.response_format,
+            **_call_fields(tool),
             tags=tool.tags,
             metadata=tool.metadata,
-            handle_tool_error=tool.handle_tool_error,
-            handle_validation_error=tool.handle_validation_error,
             extras=tool.extras,
             inner=tool,
             ledger=self,
@@ -1088,6 +1082,19 @@ def _is_tool_call(value: object) -> bool:
     return isinstance(value, dict) and value.get("type") == "tool_call" and "args" in value
 
 
+def _call_fields(tool: BaseTool) -> dict[str, Any]:
+    """What a tool standing in for ``tool`` takes from it to be called the same way."""
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "args_schema": tool.args_schema,
+        "return_direct": tool.return_direct,
+        "response_format": tool.response_format,
+        "handle_tool_error": tool.handle_tool_error,
+        "handle_validation_error": tool.handle_validation_error,
+    }
+
+
 class LedgerTool(BaseTool):
     """A tool run through a `ToolLedger` (made by `ToolLedger.wrap`)."""
 
@@ -1151,17 +1158,7 @@ class KeyedTool(BaseTool):
     @classmethod
     def of(cls, tool: BaseTool, injected: dict[str, str]) -> KeyedTool:
         """``tool`` receiving ``injected`` in every call."""
-        return cls(
-            name=tool.name,
-            description=tool.description,
-            args_schema=tool.args_schema,
-            return_direct=tool.return_direct,
-            response_format=tool.response_format,
-            handle_tool_error=tool.handle_tool_error,
-            handle_validation_error=tool.handle_validation_error,
-            inner=tool,
-            injected=injected,
-        )
+        return cls(**_call_fields(tool), inner=tool, injected=injected)
 
     def _with_key(self, input: Any) -> Any:
         if _is_tool_call(input):
