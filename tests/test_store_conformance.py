@@ -23,8 +23,7 @@ from awaken_langchain import (
 from awaken_langchain.stores._base import SIGNING_KEY_ENV, DeltaCheckpointStore, Head
 from awaken_langchain.testing.conformance import StoreConformanceTests
 from awaken_langchain.testing.conformance.stores import GRACE, make_checkpoint, one_turn
-from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
-from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
+from tests.conftest import POSTGRES, STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.redis_cluster import cluster_let_time_pass, cluster_store_on
 from tests.redis_server import valkey_let_time_pass, valkey_store_on
 
@@ -70,18 +69,6 @@ class ProjectStoreKit(StoreConformanceTests):
 
     def reopen(self, stores: Any, store: StreamCheckpointStore, **settings: Any) -> Any:
         return reopen(self._factory, store, **settings)
-
-
-POSTGRES = StoreBackend(
-    name="postgres",
-    make=postgres_store_on,
-    corrupt=corrupt_postgres,
-    durable=True,
-    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
-    uses_directory=False,
-    records=postgres_records,
-)
-"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
 
 
 class TestMemoryStoreConformance(ProjectStoreKit):

@@ -31,20 +31,8 @@ from awaken_langchain.ledger import (
     idempotency_key,
 )
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
-from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
-from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
+from tests.conftest import POSTGRES, STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.redis_server import RedisServer, unique_prefix
-
-POSTGRES = StoreBackend(
-    name="postgres",
-    make=postgres_store_on,
-    corrupt=corrupt_postgres,
-    durable=True,
-    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
-    uses_directory=False,
-    records=postgres_records,
-)
-"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
 
 
 @pytest.fixture(
