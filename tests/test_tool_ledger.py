@@ -34,6 +34,16 @@ from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 from tests.conftest import POSTGRES, STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.redis_server import RedisServer, unique_prefix
 
+STORE_WAIT = 10.0
+"""The ledger's store deadline in the rule tests: they state what a record makes a re-run
+do, so a store slowed by a loaded machine must not send a call around it (the deadline
+itself has its own test, with a hung store)."""
+
+
+def ledger_on(store: StreamCheckpointStore, **settings: Any) -> ToolLedger:
+    """A `ToolLedger` on ``store`` for the rule tests (see `STORE_WAIT`)."""
+    return ToolLedger(store, deadline=STORE_WAIT, **settings)
+
 
 @pytest.fixture(
     params=[
@@ -105,12 +115,12 @@ THREAD = {"configurable": {"thread_id": "thread-1"}}
 async def test_a_finished_call_is_replayed_by_a_replacement_and_the_tool_is_not_called_again(
     store_factory: StoreFactory, effects: Effects, mode: str
 ) -> None:
-    first = ToolLedger(store_factory()).wrap(make_pay(effects))
+    first = ledger_on(store_factory()).wrap(make_pay(effects))
     answer = await call(mode, first, tool_call(), THREAD)
 
     replacement_store = store_factory() if store_factory.backend.durable else first.ledger.store
     again = await call(
-        mode, ToolLedger(replacement_store).wrap(make_pay(effects)), tool_call(), THREAD
+        mode, ledger_on(replacement_store).wrap(make_pay(effects)), tool_call(), THREAD
     )
 
     assert len(effects.lines) == 1
@@ -122,7 +132,7 @@ async def test_a_finished_call_is_replayed_by_a_replacement_and_the_tool_is_not_
 async def test_a_failed_call_is_run_again(
     store_factory: StoreFactory, effects: Effects, mode: str
 ) -> None:
-    ledger = ToolLedger(store_factory())
+    ledger = ledger_on(store_factory())
     with pytest.raises(RuntimeError, match="card declined"):
         await call(
             mode, ledger.wrap(make_pay(effects, fail=RuntimeError("card declined"))), tool_call()
@@ -140,7 +150,7 @@ async def test_a_failed_call_is_run_again(
 async def test_a_tool_listed_in_replay_failures_gets_its_recorded_error_instead_of_a_rerun(
     store_factory: StoreFactory, effects: Effects, mode: str
 ) -> None:
-    ledger = ToolLedger(store_factory(), replay_failures=["pay"])
+    ledger = ledger_on(store_factory(), replay_failures=["pay"])
     with pytest.raises(RuntimeError):
         await call(
             mode, ledger.wrap(make_pay(effects, fail=RuntimeError("card declined"))), tool_call()
@@ -158,12 +168,10 @@ async def test_a_call_that_started_and_never_finished_is_reported_with_its_key_a
 ) -> None:
     store = store_factory()
     with pytest.raises(Died):
-        await call(
-            mode, ToolLedger(store).wrap(make_pay(effects, fail=Died())), tool_call(), THREAD
-        )
+        await call(mode, ledger_on(store).wrap(make_pay(effects, fail=Died())), tool_call(), THREAD)
 
     replacement = store_factory() if store_factory.backend.durable else store
-    answer = await call(mode, ToolLedger(replacement).wrap(make_pay(effects)), tool_call(), THREAD)
+    answer = await call(mode, ledger_on(replacement).wrap(make_pay(effects)), tool_call(), THREAD)
 
     key = idempotency_key("thread-1", "call_1")
     assert len(effects.lines) == 1
@@ -179,9 +187,9 @@ async def test_the_rerun_policy_runs_a_call_of_unknown_outcome_again(
 ) -> None:
     store = store_factory()
     with pytest.raises(Died):
-        await call(mode, ToolLedger(store).wrap(make_pay(effects, fail=Died())), tool_call())
+        await call(mode, ledger_on(store).wrap(make_pay(effects, fail=Died())), tool_call())
 
-    ledger = ToolLedger(store, on_unknown={"pay": "rerun"})
+    ledger = ledger_on(store, on_unknown={"pay": "rerun"})
     answer = await call(mode, ledger.wrap(make_pay(effects)), tool_call())
 
     assert answer.content == "paid 5"
@@ -195,7 +203,7 @@ async def test_reconcile_answers_a_call_of_unknown_outcome_from_the_external_sys
 ) -> None:
     store = store_factory()
     with pytest.raises(Died):
-        await call(mode, ToolLedger(store).wrap(make_pay(effects, fail=Died())), tool_call())
+        await call(mode, ledger_on(store).wrap(make_pay(effects, fail=Died())), tool_call())
     asked: list[str] = []
 
     def reconcile(tool_call: Any, key: str) -> str | None:
@@ -203,7 +211,7 @@ async def test_reconcile_answers_a_call_of_unknown_outcome_from_the_external_sys
         done = any(line.endswith(key) for line in effects.lines)
         return f"paid {tool_call['args']['amount']} (found by key)" if done else None
 
-    ledger = ToolLedger(store, on_unknown=reconcile)
+    ledger = ledger_on(store, on_unknown=reconcile)
     answer = await call(mode, ledger.wrap(make_pay(effects)), tool_call())
     again = await call(mode, ledger.wrap(make_pay(effects)), tool_call())
 
@@ -217,7 +225,7 @@ async def test_reconcile_that_finds_no_effect_lets_the_tool_run(
 ) -> None:
     store = store_factory()
     with pytest.raises(Died):
-        await call(mode, ToolLedger(store).wrap(make_pay(InertEffects(), fail=Died())), tool_call())
+        await call(mode, ledger_on(store).wrap(make_pay(InertEffects(), fail=Died())), tool_call())
 
     async def reconcile(tool_call: Any, key: str) -> None:
         return None
@@ -225,7 +233,7 @@ async def test_reconcile_that_finds_no_effect_lets_the_tool_run(
     def sync_reconcile(tool_call: Any, key: str) -> None:
         return None
 
-    ledger = ToolLedger(store, on_unknown=reconcile if mode == "async" else sync_reconcile)
+    ledger = ledger_on(store, on_unknown=reconcile if mode == "async" else sync_reconcile)
     answer = await call(mode, ledger.wrap(make_pay(effects)), tool_call())
 
     assert answer.content == "paid 5"
@@ -245,7 +253,7 @@ class InertEffects(Effects):
 async def test_the_same_call_id_with_other_arguments_is_refused_loudly(
     store_factory: StoreFactory, effects: Effects, mode: str
 ) -> None:
-    ledger = ToolLedger(store_factory())
+    ledger = ledger_on(store_factory())
     await call(mode, ledger.wrap(make_pay(effects)), tool_call(amount=5))
 
     with pytest.raises(ToolLedgerConflictError, match="other arguments") as refused:
@@ -258,7 +266,7 @@ async def test_the_same_call_id_with_other_arguments_is_refused_loudly(
 def test_the_idempotency_key_reaches_the_tool_is_stable_and_is_hidden_from_the_model(
     effects: Effects,
 ) -> None:
-    wrapped = ToolLedger(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))
+    wrapped = ledger_on(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))
     wrapped.invoke(tool_call("call_1"), THREAD)
     wrapped.invoke(tool_call("call_1"), {"configurable": {"thread_id": "thread-2"}})
 
@@ -278,7 +286,7 @@ def test_hostile_tool_call_ids_stay_inside_the_store(
     store_factory: StoreFactory, effects: Effects, tmp_path: Path, call_id: str
 ) -> None:
     store = store_factory()
-    ledger = ToolLedger(store)
+    ledger = ledger_on(store)
     ledger.wrap(make_pay(effects)).invoke(tool_call(call_id))
     answer = ledger.wrap(make_pay(effects)).invoke(tool_call(call_id))
 
@@ -298,7 +306,7 @@ async def test_a_record_too_large_for_the_store_is_refused_before_the_tool_runs(
         effects.add("noted")
         return "ok"
 
-    ledger = ToolLedger(store_factory(max_checkpoint_bytes=8192))
+    ledger = ledger_on(store_factory(max_checkpoint_bytes=8192))
     big = {"type": "tool_call", "id": "call_1", "name": "note", "args": {"text": "x" * 20_000}}
 
     with pytest.raises(ToolLedgerError, match="max_checkpoint_bytes"):
@@ -316,7 +324,7 @@ async def test_a_result_too_large_to_keep_is_not_run_again_and_says_why(
         effects.add("fetched")
         return "y" * 20_000
 
-    ledger = ToolLedger(store_factory(max_checkpoint_bytes=8192))
+    ledger = ledger_on(store_factory(max_checkpoint_bytes=8192))
     first = await call(
         mode, ledger.wrap(fetch), {**tool_call(), "name": "fetch", "args": {"page": 1}}
     )
@@ -352,7 +360,7 @@ async def test_artifacts_and_commands_are_replayed_as_the_framework_received_the
             goto="billing",
         )
 
-    ledger = ToolLedger(store_factory())
+    ledger = ledger_on(store_factory())
     searched = [
         await call(
             mode, ledger.wrap(search), {**tool_call("s1"), "name": "search", "args": {"query": "q"}}
@@ -380,7 +388,7 @@ async def test_artifacts_and_commands_are_replayed_as_the_framework_received_the
 async def test_parallel_calls_each_get_their_own_record(
     store_factory: StoreFactory, effects: Effects
 ) -> None:
-    ledger = ToolLedger(store_factory())
+    ledger = ledger_on(store_factory())
     wrapped = ledger.wrap(make_pay(effects))
     calls = [tool_call(f"call_{n}", amount=n) for n in range(4)]
 
@@ -397,7 +405,7 @@ def test_a_stale_process_cannot_overwrite_the_record_of_a_newer_one(
     store_factory: StoreFactory, effects: Effects
 ) -> None:
     store = store_factory()
-    newer = ToolLedger(store, on_unknown="rerun")
+    newer = ledger_on(store, on_unknown="rerun")
 
     @tool
     def slow_pay(amount: int) -> str:
@@ -409,7 +417,7 @@ def test_a_stale_process_cannot_overwrite_the_record_of_a_newer_one(
     events = Events()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ToolLedger(store).wrap(slow_pay).invoke(
+        ledger_on(store).wrap(slow_pay).invoke(
             {**tool_call(name="pay"), "name": "pay"}, {"callbacks": [events]}
         )
 
@@ -435,7 +443,7 @@ def test_records_expire_after_the_ledger_ttl(
     store_factory: StoreFactory, effects: Effects, clock: FakeClock
 ) -> None:
     store = store_factory(clock=clock)
-    ledger = ToolLedger(store, ttl=60)
+    ledger = ledger_on(store, ttl=60)
     ledger.wrap(make_pay(effects)).invoke(tool_call())
     store_factory.let_time_pass(store, clock, 61)
 
@@ -446,7 +454,7 @@ def test_records_expire_after_the_ledger_ttl(
 
 
 def test_a_replay_is_reported_as_an_event(effects: Effects) -> None:
-    ledger = ToolLedger(InMemoryStreamCheckpointStore())
+    ledger = ledger_on(InMemoryStreamCheckpointStore())
     events = Events()
     ledger.wrap(make_pay(effects)).invoke(tool_call(), {"callbacks": [events]})
     ledger.wrap(make_pay(effects)).invoke(tool_call(), {"callbacks": [events]})
@@ -504,7 +512,7 @@ async def test_a_store_that_is_down_refuses_the_call_when_the_policy_says_so(
     store = RedisStreamCheckpointStore(
         "redis://127.0.0.1:9/0", prefix=unique_prefix(), socket_timeout=0.2
     )
-    ledger = ToolLedger(store, on_store_failure="refuse")
+    ledger = ledger_on(store, on_store_failure="refuse")
 
     with pytest.raises(ToolLedgerError, match="store failed"):
         await call(mode, ledger.wrap(make_pay(effects)), tool_call())
@@ -519,7 +527,7 @@ def test_a_store_that_is_down_runs_the_tool_and_warns_by_default(effects: Effect
     )
     events = Events()
 
-    answer = ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call(), {"callbacks": [events]})
+    answer = ledger_on(store).wrap(make_pay(effects)).invoke(tool_call(), {"callbacks": [events]})
 
     assert answer.content == "paid 5"
     assert len(effects.lines) == 1
@@ -536,7 +544,7 @@ def test_plain_arguments_without_a_call_id_run_the_tool_unrecorded(effects: Effe
         effects.add(city)
         return city.upper()
 
-    wrapped = ToolLedger(store).wrap(lookup)
+    wrapped = ledger_on(store).wrap(lookup)
 
     assert wrapped.invoke({"city": "paris"}) == "PARIS"
     assert wrapped.name == "lookup"
@@ -553,7 +561,7 @@ async def test_a_wrapped_tool_in_a_plain_tool_node_gets_its_key_and_runs_once(
 
     builder = StateGraph(MessagesState)
     builder.add_node(
-        "tools", ToolNode([ToolLedger(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))])
+        "tools", ToolNode([ledger_on(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))])
     )
     builder.add_edge(START, "tools")
     builder.add_edge("tools", END)
@@ -583,11 +591,11 @@ def test_a_call_still_running_elsewhere_is_reported_and_its_owner_still_records_
     def pay(amount: int) -> str:
         """Pay, while a second process re-runs the same call."""
         effects.add("paid")
-        answers.append(ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call()))
+        answers.append(ledger_on(store).wrap(make_pay(effects)).invoke(tool_call()))
         return f"paid {amount}"
 
-    owner = ToolLedger(store).wrap(pay).invoke(tool_call())
-    later = ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call())
+    owner = ledger_on(store).wrap(pay).invoke(tool_call())
+    later = ledger_on(store).wrap(make_pay(effects)).invoke(tool_call())
 
     assert answers[0].status == "error"
     assert "unknown" in answers[0].content
@@ -608,7 +616,7 @@ def test_a_record_that_cannot_be_read_is_reported_not_run_again(
         StreamCheckpoint(run_id=run_id, model=LEDGER_MODEL, partial_text="{not json", epoch=epoch)
     )
 
-    answer = ToolLedger(store).wrap(make_pay(effects)).invoke(tool_call())
+    answer = ledger_on(store).wrap(make_pay(effects)).invoke(tool_call())
 
     assert answer.status == "error"
     assert "cannot be read" in answer.content
@@ -627,7 +635,7 @@ async def test_parallel_tool_calls_of_an_agent_each_get_their_own_record_and_key
     from awaken_langchain.middleware import StreamRecoveryMiddleware, ToolLedgerMiddleware
     from awaken_langchain.testing import LoopbackProvider, Scenario, ScriptedToolCall
 
-    ledger = ToolLedger(DiskCacheStreamCheckpointStore(tmp_path / "ledger"))
+    ledger = ledger_on(DiskCacheStreamCheckpointStore(tmp_path / "ledger"))
     calls = [ScriptedToolCall("pay", {"amount": n}, id=f"call_{n}") for n in (1, 2)]
     with LoopbackProvider() as server:
         server.enqueue(Scenario(tool_calls=calls), Scenario(text="Done."))
@@ -695,7 +703,7 @@ class StreamingPay(BaseTool):
 
 
 def test_wrap_refuses_a_tool_that_streams_before_any_call(effects: Effects) -> None:
-    ledger = ToolLedger(InMemoryStreamCheckpointStore())
+    ledger = ledger_on(InMemoryStreamCheckpointStore())
     for streaming in [*_generator_tools(effects), StreamingPay()]:
         with pytest.raises(ToolLedgerError, match="streams and cannot go through a ToolLedger"):
             ledger.wrap(streaming)
@@ -709,7 +717,7 @@ def test_wrap_refuses_a_tool_that_streams_before_any_call(effects: Effects) -> N
 async def test_streaming_a_wrapped_tool_yields_its_one_result_recorded_and_replayed(
     effects: Effects, mode: str
 ) -> None:
-    wrapped = ToolLedger(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))
+    wrapped = ledger_on(InMemoryStreamCheckpointStore()).wrap(make_pay(effects))
     if mode == "sync":
         first = list(wrapped.stream(tool_call(), THREAD))
         again = list(wrapped.stream(tool_call(), THREAD))
@@ -733,7 +741,7 @@ async def test_the_middleware_refuses_a_generator_tool_before_running_it(
     from awaken_langchain.testing import LoopbackProvider, Scenario, ScriptedToolCall
 
     generator = _generator_tools(effects)[0]
-    ledger = ToolLedger(InMemoryStreamCheckpointStore())
+    ledger = ledger_on(InMemoryStreamCheckpointStore())
     with LoopbackProvider() as server:
         server.enqueue(
             Scenario(tool_calls=[ScriptedToolCall("pay_in_parts", {"amount": 5}, id="call_1")]),
