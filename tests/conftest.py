@@ -18,6 +18,7 @@ from typing import Any
 
 import diskcache
 import pytest
+from hypothesis import settings
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import BaseChatModel
 
@@ -39,6 +40,12 @@ from tests.redis_server import (
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Property tests check what holds for every input, not how fast one example runs:
+# hypothesis's 200 ms per-example deadline fails them on a loaded machine (several
+# test workers on two cores) without saying anything about the code.
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def _cache_child_bytecode() -> None:
