@@ -23,6 +23,15 @@ from awaken_langchain.errors import (
     StreamStalledError,
 )
 from awaken_langchain.model import RecoveringChatModel
+from awaken_langchain.readers import (
+    RunEvent,
+    RunOffsetError,
+    UnknownRunError,
+    afollow,
+    arequest_stop,
+    follow,
+    request_stop,
+)
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores import (
     DiskCacheStreamCheckpointStore,
@@ -45,6 +54,8 @@ __all__ = [
     "ErrorKind",
     "RecoveringChatModel",
     "RetryPolicy",
+    "RunEvent",
+    "RunOffsetError",
     "StreamCheckpoint",
     "StreamCheckpointError",
     "StreamCheckpointFencedError",
@@ -54,6 +65,11 @@ __all__ = [
     "StreamEndedEarlyError",
     "StreamInterruptedError",
     "StreamStalledError",
+    "UnknownRunError",
     "__version__",
+    "afollow",
+    "arequest_stop",
     "classify_error",
+    "follow",
+    "request_stop",
 ]

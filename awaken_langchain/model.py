@@ -9,6 +9,7 @@ sleep or await, as the engine's steps say.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -47,6 +48,7 @@ from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._reasoning import reasons
 from awaken_langchain._rebind import replace_model, with_settings
+from awaken_langchain._runlog import Tap, aend_tap, end_tap, open_tap, published_text
 from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
@@ -829,13 +831,18 @@ class RecoveringChatModel(BaseChatModel):
         One generator for the whole turn, like its async twin `_arun`, where
         every level of generators costs each chunk a resumption.
         """
+        tap = reporter.tap = self._tap(engine)
+        failure: BaseException | None = None
         try:
             with reporter.turn(engine):
                 yield from self._open(engine, reporter)
                 while (request := engine.next_request()) is not None:
                     try:
+                        stopping = tap is not None and tap.stopping
                         for generation in self._inner_chunks(engine, request):
                             out, due = engine.on_chunk(generation)
+                            if tap is not None:
+                                tap.pending.extend(out)
                             for chunk in out:  # a chunk passed on whole keeps its generation
                                 yield (
                                     generation
@@ -845,6 +852,12 @@ class RecoveringChatModel(BaseChatModel):
                             if due:
                                 for report in self._hand_over(engine, engine.snapshot()):
                                     reporter.report(report)
+                            if tap is not None and tap.stopping:
+                                stopping = True
+                                break
+                        if stopping:
+                            yield from self._carry_out(engine, reporter, engine.stop())
+                            break
                         engine.check_complete()
                         break
                     except Exception as exc:
@@ -858,11 +871,23 @@ class RecoveringChatModel(BaseChatModel):
                             self.retry_policy.sleep(step.delay)
                 yield from self._carry_out(engine, reporter, engine.close(), closing=True)
                 yield from engine.final()
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
             self._forget(engine)
             self._cancel_background(engine, reporter)
+            if tap is not None:
+                end_tap(tap, engine, failure)
+
+    def _tap(self, engine: TurnEngine) -> Tap | None:
+        """The turn's way to its run's event log, when its store keeps one."""
+        store = self.store
+        if store is None:
+            return None
+        return open_tap(store, engine.key)
 
     def _open(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         store = self.store
@@ -879,11 +904,16 @@ class RecoveringChatModel(BaseChatModel):
         if released is not None:
             for report in engine.release_failed(released):
                 reporter.report(report)
-        yield from self._carry_out(engine, reporter, engine.resume(checkpoint, store.clock()))
+        step = engine.resume(checkpoint, store.clock())
+        if reporter.tap is not None and engine.resumed:
+            reporter.tap.skip_replayed(published_text(reporter.tap.log, engine.key))
+        yield from self._carry_out(engine, reporter, step)
 
     def _carry_out(
         self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
     ) -> Iterator[ChatGenerationChunk]:
+        if reporter.tap is not None:
+            reporter.tap.pending.extend(step.chunks)
         yield from step.chunks
         self._store_step(engine, reporter, step, closing=closing)
         for report in step.reports:
@@ -1016,14 +1046,20 @@ class RecoveringChatModel(BaseChatModel):
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
         """`_run` for an async turn."""
+        tap = reporter.tap = self._tap(engine)
+        failure: BaseException | None = None
         try:
             with reporter.turn(engine):
                 async for opened in self._aopen(engine, reporter):
                     yield opened
                 while (request := engine.next_request()) is not None:
                     try:
-                        async for generation in await self._ainner_chunks(engine, request):
+                        stopping = tap is not None and tap.stopping
+                        source = await self._ainner_chunks(engine, request)
+                        async for generation in source:
                             out, due = engine.on_chunk(generation)
+                            if tap is not None:
+                                tap.pending.extend(out)
                             for chunk in out:  # a chunk passed on whole keeps its generation
                                 yield (
                                     generation
@@ -1033,6 +1069,16 @@ class RecoveringChatModel(BaseChatModel):
                             if due:
                                 for report in self._ahand_over(engine, engine.snapshot()):
                                     await reporter.areport(report)
+                            if tap is not None and tap.stopping:
+                                stopping = True
+                                break
+                        if stopping:
+                            closing_source = getattr(source, "aclose", None)
+                            if closing_source is not None:  # the provider's connection ends now
+                                await closing_source()
+                            async for held in self._acarry_out(engine, reporter, engine.stop()):
+                                yield held
+                            break
                         engine.check_complete()
                         break
                     except Exception as exc:
@@ -1051,11 +1097,16 @@ class RecoveringChatModel(BaseChatModel):
                     yield closing
                 for final in engine.final():
                     yield final
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
             self._forget(engine)
             await self._acancel_background(engine, reporter)
+            if tap is not None:
+                await aend_tap(tap, engine, failure)
 
     async def _aopen(
         self, engine: TurnEngine, reporter: Reporter
@@ -1074,14 +1125,18 @@ class RecoveringChatModel(BaseChatModel):
         if released is not None:
             for report in engine.release_failed(released):
                 await reporter.areport(report)
-        async for replayed in self._acarry_out(
-            engine, reporter, engine.resume(checkpoint, store.clock())
-        ):
+        step = engine.resume(checkpoint, store.clock())
+        tap = reporter.tap
+        if tap is not None and engine.resumed:
+            tap.skip_replayed(await asyncio.to_thread(published_text, tap.log, engine.key))
+        async for replayed in self._acarry_out(engine, reporter, step):
             yield replayed
 
     async def _acarry_out(
         self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
     ) -> AsyncIterator[ChatGenerationChunk]:
+        if reporter.tap is not None:
+            reporter.tap.pending.extend(step.chunks)
         for chunk in step.chunks:
             yield chunk
         await self._astore_step(engine, reporter, step, closing=closing)

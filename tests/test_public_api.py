@@ -13,6 +13,8 @@ def test_public_names_are_pinned() -> None:
             "ErrorKind",
             "RecoveringChatModel",
             "RetryPolicy",
+            "RunEvent",
+            "RunOffsetError",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
@@ -22,8 +24,13 @@ def test_public_names_are_pinned() -> None:
             "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
+            "UnknownRunError",
             "__version__",
+            "afollow",
+            "arequest_stop",
             "classify_error",
+            "follow",
+            "request_stop",
         ]
     )
 

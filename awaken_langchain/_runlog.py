@@ -1,0 +1,687 @@
+"""A run's event log in its checkpoint store, and the producer side that writes it.
+
+Every turn a `RecoveringChatModel` with a ``store`` runs gets a `Tap`: the
+stream's thread only appends what it yields (chunks, recovery reports) to the
+tap's list. One daemon thread per process, the `Publisher`, turns them into
+events and appends them to the run's log in the store:
+
+- while nobody follows the run, at most every `QUIET_EVERY` seconds (the
+  checkpoint cadence: a reader who attaches later replays the log);
+- while someone follows it, every `LIVE_EVERY` seconds;
+- the final event (``completed``, ``failed`` or ``stopped``) is written by the
+  turn itself before it returns.
+
+Every `CHECK_EVERY` seconds the publisher also asks the store whether the run
+is followed and whether a stop was requested, so a stop reaches the turn within
+that interval plus the wait for the provider's next chunk.
+
+Events are JSON objects ``{"type": ..., "data": {...}}``; a run's n-th event has
+offset ``n`` (1-based). The log backends:
+
+- in-process store: a list per run and a condition readers wait on;
+- file and DiskCache stores: an ``events`` directory inside the store's
+  directory, one JSON-lines file per run (appended with ``O_APPEND``), a
+  ``.stop`` file for a stop request and a ``.watch`` file whose modification
+  time a follower refreshes; followers poll the file every ``poll_interval``;
+- Redis: a list ``<prefix>:{<run_id>}:events``, a channel of the same name on
+  which each append publishes the new length (followers block on it, no
+  polling), a ``...:stop`` key; a run is followed while its channel has
+  subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessageChunk, message_to_dict
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.checkpoint import StreamCheckpointStore
+from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.stores._base import make_private_directory, open_no_follow, run_id_bytes
+
+logger = logging.getLogger(__name__)
+
+LIVE_EVERY = 0.005
+"""Seconds between the publisher's appends of a followed run's new events."""
+QUIET_EVERY = 0.25
+"""Seconds between appends of a run nobody follows (the checkpoint cadence)."""
+CHECK_EVERY = 0.1
+"""Seconds between the publisher's questions to the store: followed? stop requested?"""
+WATCH_FOR = 2.0
+"""Seconds a follower's mark lasts (local stores); followers renew it every `RENEW_EVERY`."""
+RENEW_EVERY = 0.5
+"""Seconds between a local follower's renewals of its mark."""
+DEFAULT_POLL_INTERVAL = 0.02
+"""Seconds between a local follower's reads of the log (file and DiskCache stores)."""
+KEEP_FOR = 3600.0
+"""Seconds a finished run's log stays readable in Redis."""
+
+FINAL_TYPES = frozenset({"completed", "failed", "stopped"})
+"""The event types that end a run's log."""
+
+
+class RunLog(ABC):
+    """Where a store keeps its runs' event logs (one backend per kind of store)."""
+
+    poll_interval: float | None = None
+    """Seconds between a follower's reads, or ``None`` when the log wakes followers."""
+
+    @abstractmethod
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        """Append encoded events; return the log's new length."""
+
+    @abstractmethod
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        """The encoded events past offset ``after``, or ``None`` if the run has no log."""
+
+    @abstractmethod
+    def request_stop(self, run_id: str) -> None:
+        """Mark the run: its producer should stop."""
+
+    @abstractmethod
+    def stop_requested(self, run_id: str) -> bool:
+        """Whether someone asked the run to stop."""
+
+    @abstractmethod
+    def followed(self, run_id: str) -> bool:
+        """Whether a follower is attached to the run now."""
+
+    def tail(self, run_id: str) -> Tail:
+        """What a follower waits on between reads."""
+        return _PollingTail(self, run_id)
+
+    def finished(self, run_id: str) -> None:  # noqa: B027 - optional hook
+        """The run's final event is written (a backend can start its expiry)."""
+
+
+class Tail:
+    """A follower's wait for the next events of a run."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when new events may be there, or after ``timeout`` seconds."""
+        time.sleep(timeout)
+
+    def close(self) -> None:
+        """Release what the tail holds."""
+        return None
+
+
+class _PollingTail(Tail):
+    def __init__(self, log: RunLog, run_id: str) -> None:
+        self._log = log
+        self._run_id = run_id
+        self._renewed = 0.0
+
+    def wait(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY:
+            self._renewed = now
+            watch = getattr(self._log, "watch", None)
+            if watch is not None:
+                watch(self._run_id)
+        time.sleep(min(timeout, self._log.poll_interval or timeout))
+
+
+# -- in-process ---------------------------------------------------------------------
+
+
+class MemoryRunLog(RunLog):
+    """Logs of an in-process store: followers in the same process wait on a condition."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._logs: dict[str, list[bytes]] = {}
+        self._stops: set[str] = set()
+        self._watchers: dict[str, int] = {}
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        with self._changed:
+            log = self._logs.setdefault(run_id, [])
+            log.extend(events)
+            self._changed.notify_all()
+            return len(log)
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        with self._changed:
+            log = self._logs.get(run_id)
+            return None if log is None else log[after:]
+
+    def request_stop(self, run_id: str) -> None:
+        with self._changed:
+            self._stops.add(run_id)
+
+    def stop_requested(self, run_id: str) -> bool:
+        return run_id in self._stops
+
+    def followed(self, run_id: str) -> bool:
+        return self._watchers.get(run_id, 0) > 0
+
+    def tail(self, run_id: str) -> Tail:
+        return _MemoryTail(self, run_id)
+
+    def finished(self, run_id: str) -> None:
+        self._stops.discard(run_id)
+
+
+class _MemoryTail(Tail):
+    def __init__(self, log: MemoryRunLog, run_id: str) -> None:
+        self._log = log
+        self._run_id = run_id
+        with log._changed:
+            self._seen = len(log._logs.get(run_id, ()))
+            log._watchers[run_id] = log._watchers.get(run_id, 0) + 1
+
+    def wait(self, timeout: float) -> None:
+        log = self._log
+        with log._changed:
+            log._changed.wait_for(
+                lambda: len(log._logs.get(self._run_id, ())) > self._seen, timeout
+            )
+            self._seen = len(log._logs.get(self._run_id, ()))
+
+    def close(self) -> None:
+        log = self._log
+        with log._changed:
+            left = log._watchers.get(self._run_id, 1) - 1
+            if left > 0:
+                log._watchers[self._run_id] = left
+            else:
+                log._watchers.pop(self._run_id, None)
+
+
+# -- a directory (file and DiskCache stores) ----------------------------------------
+
+
+class DirectoryRunLog(RunLog):
+    """Logs in ``<store directory>/events``: one JSON-lines file per run.
+
+    Args:
+        directory: The store's directory.
+        poll_interval: Seconds between a follower's reads of the file.
+    """
+
+    def __init__(self, directory: Path, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        self.directory = directory / "events"
+        self.poll_interval = poll_interval
+        self._made = False
+        self._cursors: dict[str, tuple[int, int]] = {}
+        """Per run: the last (offset, byte position) read, so a follower reads only what is new."""
+        self._lock = threading.Lock()
+
+    def _path(self, run_id: str, suffix: str) -> Path:
+        stem = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
+        return self.directory / f"{stem}{suffix}"
+
+    def _make(self) -> None:
+        if not self._made:
+            make_private_directory(self.directory)
+            self._made = True
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        self._make()
+        fd = open_no_follow(self._path(run_id, ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            os.write(fd, b"".join(event + b"\n" for event in events))
+        finally:
+            os.close(fd)
+        return -1
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        try:
+            fd = open_no_follow(self._path(run_id, ".log"), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except StreamCheckpointError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return None
+            raise
+        with self._lock:
+            offset, position = self._cursors.get(run_id, (0, 0))
+        if offset > after:
+            offset, position = 0, 0
+        try:
+            with os.fdopen(fd, "rb") as file:
+                file.seek(position)
+                data = file.read()
+        except OSError as exc:
+            raise StreamCheckpointError(f"could not read the event log of {run_id!r}") from exc
+        end = data.rfind(b"\n") + 1  # a line being written is read next time
+        lines = data[:end].split(b"\n")[:-1]
+        with self._lock:
+            self._cursors[run_id] = (offset + len(lines), position + end)
+            if len(self._cursors) > 1024:
+                self._cursors.pop(next(iter(self._cursors)))
+        return lines[after - offset :]
+
+    def request_stop(self, run_id: str) -> None:
+        self._make()
+        os.close(open_no_follow(self._path(run_id, ".stop"), os.O_WRONLY | os.O_CREAT))
+
+    def stop_requested(self, run_id: str) -> bool:
+        return self._path(run_id, ".stop").exists()
+
+    def watch(self, run_id: str) -> None:
+        """Mark the run as followed for `WATCH_FOR` seconds."""
+        self._make()
+        path = self._path(run_id, ".watch")
+        os.close(open_no_follow(path, os.O_WRONLY | os.O_CREAT))
+        os.utime(path)
+
+    def followed(self, run_id: str) -> bool:
+        try:
+            return time.time() - self._path(run_id, ".watch").stat().st_mtime < WATCH_FOR
+        except FileNotFoundError:
+            return False
+
+    def finished(self, run_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(run_id, ".stop").unlink()
+
+
+# -- Redis ----------------------------------------------------------------------------
+
+_APPEND = """
+local length = redis.call('RPUSH', KEYS[1], unpack(ARGV))
+redis.call('PUBLISH', KEYS[1], length)
+return length
+"""
+
+
+class RedisRunLog(RunLog):
+    """Logs in Redis lists; followers block on the run's channel (no polling)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._script: Any = None
+
+    def _key(self, run_id: str, suffix: bytes) -> bytes:
+        return bytes(self._store._prefix_bytes + b":{" + run_id_bytes(run_id) + b"}:" + suffix)
+
+    @property
+    def _redis(self) -> Any:
+        return self._store._client().client
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        if self._script is None:
+            self._script = self._redis.register_script(_APPEND)
+        return int(self._script(keys=[self._key(run_id, b"events")], args=list(events)))
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        found = self._redis.lrange(self._key(run_id, b"events"), after, -1)
+        if not found and after == 0:
+            return None
+        if not found and not self._redis.exists(self._key(run_id, b"events")):
+            return None
+        return list(found)
+
+    def request_stop(self, run_id: str) -> None:
+        self._redis.set(self._key(run_id, b"stop"), b"1", ex=int(KEEP_FOR))
+
+    def stop_requested(self, run_id: str) -> bool:
+        return bool(self._redis.exists(self._key(run_id, b"stop")))
+
+    def followed(self, run_id: str) -> bool:
+        counts = self._redis.pubsub_numsub(self._key(run_id, b"events"))
+        return bool(counts and counts[0][1])
+
+    def tail(self, run_id: str) -> Tail:
+        return _RedisTail(self._redis, self._key(run_id, b"events"))
+
+    def finished(self, run_id: str) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.expire(self._key(run_id, b"events"), int(KEEP_FOR))
+        pipe.delete(self._key(run_id, b"stop"))
+        pipe.execute()
+
+
+class _RedisTail(Tail):
+    def __init__(self, client: Any, channel: bytes) -> None:
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(channel)
+        self._pubsub.get_message(timeout=1.0)  # the subscription is confirmed: no append is missed
+
+    def wait(self, timeout: float) -> None:
+        message = self._pubsub.get_message(timeout=timeout)
+        while message is not None:  # several appends wake the follower once
+            message = self._pubsub.get_message(timeout=0)
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+
+# -- which log a store has ------------------------------------------------------------
+
+_LOGS: weakref.WeakKeyDictionary[StreamCheckpointStore, RunLog] = weakref.WeakKeyDictionary()
+_LOGS_LOCK = threading.Lock()
+
+
+def run_log(store: StreamCheckpointStore) -> RunLog:
+    """The event log of ``store``'s runs.
+
+    Raises:
+        TypeError: If the store keeps no event logs.
+    """
+    with _LOGS_LOCK:
+        found = _LOGS.get(store)
+        if found is not None:
+            return found
+        log = _make_log(store)
+        _LOGS[store] = log
+        return log
+
+
+def _make_log(store: StreamCheckpointStore) -> RunLog:
+    from awaken_langchain.stores import (
+        DiskCacheStreamCheckpointStore,
+        FileStreamCheckpointStore,
+        InMemoryStreamCheckpointStore,
+    )
+
+    if isinstance(store, InMemoryStreamCheckpointStore):
+        return MemoryRunLog()
+    if isinstance(store, FileStreamCheckpointStore | DiskCacheStreamCheckpointStore):
+        return DirectoryRunLog(store.directory)
+    if type(store).__name__ == "RedisStreamCheckpointStore":
+        return RedisRunLog(store)
+    raise TypeError(
+        f"{type(store).__name__} keeps no event logs for readers yet; follow runs of an "
+        "in-process, file, DiskCache or Redis store"
+    )
+
+
+def has_run_log(store: StreamCheckpointStore) -> bool:
+    """Whether ``store``'s runs can be followed."""
+    try:
+        run_log(store)
+    except TypeError:
+        return False
+    return True
+
+
+# -- the producer -----------------------------------------------------------------------
+
+
+def encode_event(kind: str, data: dict[str, Any]) -> bytes:
+    """One event as the log holds it (JSON, never pickle)."""
+    return json.dumps({"type": kind, "data": data}, ensure_ascii=False, default=str).encode()
+
+
+def _chunk_events(chunk: BaseMessageChunk, skip: list[int]) -> list[bytes]:
+    """The events of one chunk the turn yielded (whole tool calls only, as the turn yields them)."""
+    events: list[bytes] = []
+    replayed = bool((chunk.response_metadata.get("awaken") or {}).get("replayed"))
+    content = chunk.content
+    blocks: list[Any] = [content] if isinstance(content, str) else list(content)
+    for block in blocks:
+        if isinstance(block, str):
+            text = block
+        elif isinstance(block, dict) and block.get("type") == "text":
+            text = str(block.get("text") or "")
+        elif isinstance(block, dict):
+            kind = "reasoning" if block.get("type") in ("thinking", "reasoning") else "block"
+            events.append(encode_event(kind, {"block": block}))
+            continue
+        else:
+            continue
+        if replayed and skip[0]:  # followers saw this text from the process before
+            cut = min(skip[0], len(text))
+            skip[0] -= cut
+            text = text[cut:]
+        if text:
+            events.append(encode_event("text", {"text": text}))
+    for call in getattr(chunk, "tool_call_chunks", ()):
+        try:
+            args = json.loads(call.get("args") or "{}")
+        except ValueError:
+            continue  # the turn yields only whole calls; anything else is not a call to run
+        data = {"id": call.get("id"), "name": call.get("name"), "args": args}
+        events.append(encode_event("tool_call", {**data, "executable": True}))
+    return events
+
+
+class Tap:
+    """What one turn yields, on its way to the run's log.
+
+    The stream's thread calls only `add` and reads `stopping`; the publisher
+    thread and the turn's end do the rest.
+    """
+
+    __slots__ = (
+        "_lock",
+        "_skip",
+        "ended",
+        "failing",
+        "followed",
+        "log",
+        "next_check",
+        "next_flush",
+        "pending",
+        "run_id",
+        "stopping",
+    )
+
+    def __init__(self, log: RunLog, run_id: str) -> None:
+        self.log = log
+        self.run_id = run_id
+        self.pending: deque[Any] = deque()
+        self.stopping = False
+        self.followed = False
+        self.ended = False
+        self.failing = False
+        self.next_check = 0.0
+        self.next_flush = 0.0
+        self._lock = threading.Lock()
+        self._skip = [0]
+
+    def add(self, item: Any) -> None:
+        """Queue a yielded chunk or a recovery report (the stream's only cost)."""
+        self.pending.append(item)
+
+    def skip_replayed(self, chars: int) -> None:
+        """Text that followers already saw: a replacement process replays it, unpublished."""
+        self._skip[0] = chars
+
+    def _events(self, items: list[Any]) -> list[bytes]:
+        events: list[bytes] = []
+        for item in items:
+            if item is _STARTED:
+                events.append(encode_event("started", {"pid": os.getpid()}))
+                continue
+            if isinstance(item, ChatGenerationChunk):
+                item = item.message
+            if isinstance(item, BaseMessageChunk):
+                events.extend(_chunk_events(item, self._skip))
+            else:  # a recovery report
+                data = {"event": item.event.value, "data": item.data}
+                if item.message:
+                    data["message"] = item.message
+                events.append(encode_event("recovery", data))
+        return events
+
+    def flush(self, final: bytes | None = None) -> None:
+        """Append what is queued (and the final event) to the log."""
+        with self._lock:
+            items = []
+            pending = self.pending
+            while pending:  # appends from the stream's thread go on meanwhile
+                items.append(pending.popleft())
+            events = self._events(items)
+            if final is not None:
+                events.append(final)
+            if not events:
+                return
+            try:
+                self.log.append(self.run_id, events)
+            except Exception as exc:  # a failing log never fails the turn
+                if not self.failing:
+                    logger.warning("could not write the event log of %r: %s", self.run_id, exc)
+                self.failing = True
+                if final is None:
+                    pending.extendleft(reversed(items))
+            else:
+                self.failing = False
+            if final is not None:
+                with contextlib.suppress(Exception):
+                    self.log.finished(self.run_id)
+
+    def abandon(self) -> None:
+        """The turn ended without an outcome (its caller stopped reading).
+
+        The publisher appends what it yielded, and the log stays open for a
+        process that resumes the run.
+        """
+        self.ended = True
+        PUBLISHER.wake()
+
+    def end(self, kind: str, data: dict[str, Any]) -> None:
+        """Write the run's final event (on the turn's thread, before the turn returns)."""
+        PUBLISHER.remove(self)
+        self.ended = True
+        self.flush(encode_event(kind, data))
+
+
+def message_data(message: AIMessage) -> dict[str, Any]:
+    """A final message as a JSON object (``langchain_core.messages.messages_from_dict``)."""
+    return message_to_dict(message)
+
+
+class Publisher:
+    """One thread per process that moves the turns' taps into their logs."""
+
+    def __init__(self) -> None:
+        self._taps: list[Tap] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, tap: Tap) -> None:
+        with self._wake:
+            self._taps.append(tap)
+            thread = self._thread
+            if thread is None or not thread.is_alive() or thread.ident is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-log", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def wake(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def remove(self, tap: Tap) -> None:
+        with self._wake, contextlib.suppress(ValueError):
+            self._taps.remove(tap)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: bool(self._taps))
+                taps = list(self._taps)
+            any_followed = False
+            for tap in taps:
+                try:
+                    self._serve(tap, time.monotonic())
+                except Exception:  # the publisher never dies
+                    logger.exception("event log of %r: publishing failed", tap.run_id)
+                any_followed = any_followed or tap.followed
+            time.sleep(LIVE_EVERY if any_followed else CHECK_EVERY / 2)
+
+    @staticmethod
+    def _serve(tap: Tap, now: float) -> None:
+        if now >= tap.next_check:
+            tap.next_check = now + CHECK_EVERY
+            tap.followed = tap.log.followed(tap.run_id)
+            if tap.log.stop_requested(tap.run_id):
+                tap.stopping = True
+        if tap.ended:  # abandoned by its caller
+            PUBLISHER.remove(tap)
+            tap.flush()
+            return
+        if tap.pending and (tap.followed or now >= tap.next_flush):
+            tap.next_flush = now + QUIET_EVERY
+            tap.flush()
+
+
+PUBLISHER = Publisher()
+
+
+def open_tap(store: StreamCheckpointStore, run_id: str) -> Tap | None:
+    """A tap for a turn of ``store``'s run, or ``None`` if the store keeps no event logs."""
+    try:
+        log = run_log(store)
+    except TypeError:
+        return None
+    tap = Tap(log, run_id)
+    tap.add(_STARTED)
+    PUBLISHER.add(tap)
+    return tap
+
+
+class _Started:
+    """The first event of every turn of a run (a replacement process's turn adds one)."""
+
+
+_STARTED = _Started()
+
+
+def _outcome(engine: Any, failure: BaseException | None) -> tuple[str, dict[str, Any]] | None:
+    if engine.done and (failure is None or isinstance(failure, GeneratorExit)):
+        kind = "stopped" if engine.stopped else "completed"
+        return kind, {"message": message_data(engine.message())}
+    if failure is None or isinstance(failure, GeneratorExit):
+        return None
+    return "failed", {"error": str(failure), "type": type(failure).__name__}
+
+
+def end_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
+    """Publish how the turn ended: its final event, or (abandoned) what it yielded."""
+    outcome = _outcome(engine, failure)
+    if outcome is None:
+        tap.abandon()
+    else:
+        tap.end(*outcome)
+
+
+async def aend_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
+    """`end_tap` for an async turn: the store is written in a worker thread."""
+    outcome = _outcome(engine, failure)
+    if outcome is None:
+        tap.abandon()
+    else:
+        await asyncio.to_thread(tap.end, *outcome)
+
+
+def published_text(log: RunLog, run_id: str) -> int:
+    """Characters of text the run's log holds (what followers have seen)."""
+    try:
+        found = log.read(run_id, 0)
+    except Exception:
+        return 0
+    chars = 0
+    for raw in found or ():
+        event = json.loads(raw)
+        if event["type"] == "text":
+            chars += len(event["data"]["text"])
+        elif event["type"] in FINAL_TYPES:
+            chars = 0
+    return chars
+
+
+def iter_events(raw: list[bytes]) -> Iterator[dict[str, Any]]:
+    """Decode events as the log holds them."""
+    for line in raw:
+        yield json.loads(line)
