@@ -130,6 +130,9 @@ class _Follower:
             if not found:
                 self.close()
                 raise RunOffsetError(self.run_id, self.cursor, self._length())
+            if json.loads(found[0])["type"] in FINAL_TYPES:  # seen the end already
+                self.done = True
+                return []
             found = found[1:]
         return self._events(found)
 
@@ -186,8 +189,12 @@ def follow(store: StreamCheckpointStore, run_id: str, *, after: int = 0) -> Iter
         TypeError: If the store keeps no event logs.
     """
     follower = _Follower(store, run_id, after)
+    return _follow(follower, follower.open())
+
+
+def _follow(follower: _Follower, replayed: list[RunEvent]) -> Iterator[RunEvent]:
     try:
-        yield from follower.open()
+        yield from replayed
         while not follower.done:
             yield from follower.next()
     finally:
@@ -197,7 +204,10 @@ def follow(store: StreamCheckpointStore, run_id: str, *, after: int = 0) -> Iter
 async def afollow(
     store: StreamCheckpointStore, run_id: str, *, after: int = 0
 ) -> AsyncIterator[RunEvent]:
-    """Async twin of `follow` (its waits run in a worker thread)."""
+    """Async twin of `follow` (its waits run in a worker thread).
+
+    The run and the offset are checked when the first event is awaited.
+    """
     follower = _Follower(store, run_id, after)
     try:
         for event in await asyncio.to_thread(follower.open):
