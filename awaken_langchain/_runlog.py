@@ -67,6 +67,8 @@ RENEW_EVERY = 0.5
 """Seconds between a local follower's renewals of its mark."""
 DEFAULT_POLL_INTERVAL = 0.02
 """Seconds between a local follower's reads of the log (file and DiskCache stores)."""
+END_DEADLINE = 0.5
+"""Seconds a turn waits, at most, for its final event to be written."""
 KEEP_FOR = 3600.0
 """Seconds a finished run's log stays readable in Redis."""
 
@@ -79,6 +81,8 @@ class RunLog(ABC):
 
     poll_interval: float | None = None
     """Seconds between a follower's reads, or ``None`` when the log wakes followers."""
+    quick: bool = False
+    """Appends only update this process's memory: a turn writes its final event itself."""
 
     @abstractmethod
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
@@ -141,6 +145,8 @@ class _PollingTail(Tail):
 
 class MemoryRunLog(RunLog):
     """Logs of an in-process store: followers in the same process wait on a condition."""
+
+    quick = True
 
     def __init__(self) -> None:
         self._changed = threading.Condition()
@@ -465,7 +471,9 @@ class Tap:
         "_skip",
         "ended",
         "failing",
+        "final",
         "followed",
+        "landed",
         "log",
         "next_check",
         "next_flush",
@@ -482,6 +490,8 @@ class Tap:
         self.followed = False
         self.ended = False
         self.failing = False
+        self.final: bytes | None = None
+        self.landed = threading.Event()
         self.next_check = 0.0
         self.next_flush = 0.0
         self._lock = threading.Lock()
@@ -548,10 +558,24 @@ class Tap:
         PUBLISHER.wake()
 
     def end(self, kind: str, data: dict[str, Any]) -> None:
-        """Write the run's final event (on the turn's thread, before the turn returns)."""
-        PUBLISHER.remove(self)
+        """Write the run's final event before the turn returns, waiting `END_DEADLINE` at most.
+
+        The publisher's thread writes it after everything the turn yielded; a
+        store that does not answer in time costs the turn that long, once.
+        """
+        self.final = encode_event(kind, data)
         self.ended = True
-        self.flush(encode_event(kind, data))
+        if self.log.quick:
+            PUBLISHER.remove(self)
+            self.flush(self.final)
+            return
+        PUBLISHER.wake()
+        if not self.landed.wait(END_DEADLINE):
+            logger.warning(
+                "the final event of run %r was not written within %s s; followers see it late",
+                self.run_id,
+                END_DEADLINE,
+            )
 
 
 def message_data(message: AIMessage) -> dict[str, Any]:
@@ -598,7 +622,8 @@ class Publisher:
                 except Exception:  # the publisher never dies
                     logger.exception("event log of %r: publishing failed", tap.run_id)
                 any_followed = any_followed or tap.followed
-            time.sleep(LIVE_EVERY if any_followed else CHECK_EVERY / 2)
+            with self._wake:  # a turn that ends wakes the thread
+                self._wake.wait(LIVE_EVERY if any_followed else CHECK_EVERY / 2)
 
     @staticmethod
     def _serve(tap: Tap, now: float) -> None:
@@ -607,9 +632,10 @@ class Publisher:
             tap.followed = tap.log.followed(tap.run_id)
             if tap.log.stop_requested(tap.run_id):
                 tap.stopping = True
-        if tap.ended:  # abandoned by its caller
+        if tap.ended:  # finished, or abandoned by its caller
             PUBLISHER.remove(tap)
-            tap.flush()
+            tap.flush(tap.final)
+            tap.landed.set()
             return
         if tap.pending and (tap.followed or now >= tap.next_flush):
             tap.next_flush = now + QUIET_EVERY
