@@ -691,6 +691,16 @@ async def aend_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None
         await asyncio.to_thread(tap.end, *outcome)
 
 
+def skip_seen(tap: Tap) -> None:
+    """A replacement process's turn: do not publish again the replayed text followers saw."""
+    tap.skip_replayed(published_text(tap.log, tap.run_id))
+
+
+async def askip_seen(tap: Tap) -> None:
+    """`skip_seen` for an async turn (the log is read in a worker thread)."""
+    tap.skip_replayed(await asyncio.to_thread(published_text, tap.log, tap.run_id))
+
+
 def published_text(log: RunLog, run_id: str) -> int:
     """Characters of text the run's log holds (what followers have seen)."""
     try:

@@ -9,7 +9,6 @@ sleep or await, as the engine's steps say.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import dataclasses
@@ -48,7 +47,14 @@ from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._reasoning import reasons
 from awaken_langchain._rebind import replace_model, with_settings
-from awaken_langchain._runlog import Tap, aend_tap, end_tap, open_tap, published_text
+from awaken_langchain._runlog import (
+    Tap,
+    aend_tap,
+    askip_seen,
+    end_tap,
+    open_tap,
+    skip_seen,
+)
 from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
@@ -855,7 +861,7 @@ class RecoveringChatModel(BaseChatModel):
                             if tap is not None and tap.stopping:
                                 stopping = True
                                 break
-                        if stopping:
+                        if stopping:  # the inner stream, left, is closed: its connection ends
                             yield from self._carry_out(engine, reporter, engine.stop())
                             break
                         engine.check_complete()
@@ -906,7 +912,7 @@ class RecoveringChatModel(BaseChatModel):
                 reporter.report(report)
         step = engine.resume(checkpoint, store.clock())
         if reporter.tap is not None and engine.resumed:
-            reporter.tap.skip_replayed(published_text(reporter.tap.log, engine.key))
+            skip_seen(reporter.tap)
         yield from self._carry_out(engine, reporter, step)
 
     def _carry_out(
@@ -1055,8 +1061,7 @@ class RecoveringChatModel(BaseChatModel):
                 while (request := engine.next_request()) is not None:
                     try:
                         stopping = tap is not None and tap.stopping
-                        source = await self._ainner_chunks(engine, request)
-                        async for generation in source:
+                        async for generation in await self._ainner_chunks(engine, request):
                             out, due = engine.on_chunk(generation)
                             if tap is not None:
                                 tap.pending.extend(out)
@@ -1072,10 +1077,7 @@ class RecoveringChatModel(BaseChatModel):
                             if tap is not None and tap.stopping:
                                 stopping = True
                                 break
-                        if stopping:
-                            closing_source = getattr(source, "aclose", None)
-                            if closing_source is not None:  # the provider's connection ends now
-                                await closing_source()
+                        if stopping:  # the inner stream, left, is closed: its connection ends
                             async for held in self._acarry_out(engine, reporter, engine.stop()):
                                 yield held
                             break
@@ -1126,9 +1128,8 @@ class RecoveringChatModel(BaseChatModel):
             for report in engine.release_failed(released):
                 await reporter.areport(report)
         step = engine.resume(checkpoint, store.clock())
-        tap = reporter.tap
-        if tap is not None and engine.resumed:
-            tap.skip_replayed(await asyncio.to_thread(published_text, tap.log, engine.key))
+        if reporter.tap is not None and engine.resumed:
+            await askip_seen(reporter.tap)
         async for replayed in self._acarry_out(engine, reporter, step):
             yield replayed
 
