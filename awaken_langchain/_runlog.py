@@ -70,7 +70,10 @@ DEFAULT_POLL_INTERVAL = 0.02
 END_DEADLINE = 0.5
 """Seconds a turn waits, at most, for its final event to be written."""
 KEEP_FOR = 3600.0
-"""Seconds a finished run's log stays readable in Redis."""
+"""Seconds a finished run's log stays readable (Redis, in-process); local log files
+untouched this long are removed."""
+SWEEP_EVERY = 60.0
+"""Seconds between a process's sweeps of old log files (local stores), made as a run ends."""
 
 FINAL_TYPES = frozenset({"completed", "failed", "stopped"})
 """The event types that end a run's log."""
@@ -153,6 +156,8 @@ class MemoryRunLog(RunLog):
         self._logs: dict[str, list[bytes]] = {}
         self._stops: set[str] = set()
         self._watchers: dict[str, int] = {}
+        self._ended: dict[str, float] = {}
+        """Finished runs, with when they finished (monotonic), oldest first."""
 
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
         with self._changed:
@@ -180,7 +185,14 @@ class MemoryRunLog(RunLog):
         return _MemoryTail(self, run_id)
 
     def finished(self, run_id: str) -> None:
-        self._stops.discard(run_id)
+        now = time.monotonic()
+        with self._changed:
+            self._stops.discard(run_id)
+            self._ended[run_id] = now
+            expired = [run for run, at in self._ended.items() if now - at > KEEP_FOR]
+            for run in expired:  # finished logs end, as in the durable stores
+                del self._ended[run]
+                self._logs.pop(run, None)
 
 
 class _MemoryTail(Tail):
@@ -227,6 +239,7 @@ class DirectoryRunLog(RunLog):
         self._cursors: dict[str, tuple[int, int]] = {}
         """Per run: the last (offset, byte position) read, so a follower reads only what is new."""
         self._lock = threading.Lock()
+        self._swept = 0.0
 
     def _path(self, run_id: str, suffix: str) -> Path:
         stem = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
@@ -296,6 +309,16 @@ class DirectoryRunLog(RunLog):
     def finished(self, run_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(run_id, ".stop").unlink()
+        now = time.time()
+        if now - self._swept < SWEEP_EVERY:
+            return
+        self._swept = now
+        with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
+            for entry in entries:  # logs (and marks) untouched for KEEP_FOR end
+                old = now - entry.stat(follow_symlinks=False).st_mtime > KEEP_FOR
+                if old and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
 
 
 # -- Redis ----------------------------------------------------------------------------

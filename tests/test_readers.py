@@ -402,3 +402,24 @@ def test_a_stop_from_another_process_ends_the_producers_turn(
     assert result["stopped"] is True
     assert "".join(e.text for e in seen) == result["text"]
     assert len(result["text"]) < len(ANSWER * 8)
+
+
+def test_finished_runs_logs_end(
+    server: LoopbackProvider,
+    store: StreamCheckpointStore,
+    store_spec: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_runlog, "KEEP_FOR", 1.0)
+    monkeypatch.setattr(_runlog, "SWEEP_EVERY", 0.0)
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    list(wrapped(server, store).stream("Hi", config={"run_id": uuid.UUID(first)}))
+    if store_spec[0] == "redis":
+        log = _runlog.run_log(store)
+        assert 0 < log._redis.pttl(log._key(first, b"events")) <= 1000  # type: ignore[attr-defined]
+        return
+    time.sleep(1.2)
+    list(wrapped(server, store).stream("Hi", config={"run_id": uuid.UUID(second)}))
+    with pytest.raises(UnknownRunError):
+        follow(store, first)
+    assert list(follow(store, second))[-1].type == "completed"
