@@ -151,7 +151,8 @@ class MemoryRunLog(RunLog):
 
     quick = True
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Any = time.time) -> None:
+        self.clock = clock
         self._changed = threading.Condition()
         self._logs: dict[str, list[bytes]] = {}
         self._stops: set[str] = set()
@@ -184,8 +185,16 @@ class MemoryRunLog(RunLog):
     def tail(self, run_id: str) -> Tail:
         return _MemoryTail(self, run_id)
 
+    def collect(self, keep_for: float) -> None:
+        """Remove the logs of runs that finished more than ``keep_for`` ago."""
+        now = float(self.clock())
+        with self._changed:
+            for run in [run for run, at in self._ended.items() if now - at > keep_for]:
+                del self._ended[run]
+                self._logs.pop(run, None)
+
     def finished(self, run_id: str) -> None:
-        now = time.monotonic()
+        now = float(self.clock())
         with self._changed:
             self._stops.discard(run_id)
             self._ended[run_id] = now
@@ -232,7 +241,13 @@ class DirectoryRunLog(RunLog):
         poll_interval: Seconds between a follower's reads of the file.
     """
 
-    def __init__(self, directory: Path, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        clock: Any = time.time,
+    ) -> None:
+        self.clock = clock
         self.directory = directory / "events"
         self.poll_interval = poll_interval
         self._made = False
@@ -290,6 +305,31 @@ class DirectoryRunLog(RunLog):
         self._make()
         os.close(open_no_follow(self._path(run_id, ".stop"), os.O_WRONLY | os.O_CREAT))
 
+    def collect(self, keep_for: float) -> None:
+        """Remove the logs of runs that finished more than ``keep_for`` ago (store clock)."""
+        now = float(self.clock())
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.endswith(".end"):
+                continue
+            path = self.directory / name
+            try:
+                ended = float(path.read_text())
+            except (OSError, ValueError):
+                ended = now - keep_for - 1  # unreadable: ended long ago
+            if now - ended <= keep_for:
+                continue
+            stem = name[: -len(".end")]
+            for suffix in (".log", ".watch", ".stop", ".end"):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / f"{stem}{suffix}").unlink()
+        with contextlib.suppress(OSError):  # only when empty
+            self.directory.rmdir()
+            self._made = False
+
     def stop_requested(self, run_id: str) -> bool:
         return self._path(run_id, ".stop").exists()
 
@@ -309,16 +349,15 @@ class DirectoryRunLog(RunLog):
     def finished(self, run_id: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(run_id, ".stop").unlink()
-        now = time.time()
-        if now - self._swept < SWEEP_EVERY:
-            return
-        self._swept = now
-        with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
-            for entry in entries:  # logs (and marks) untouched for KEEP_FOR end
-                old = now - entry.stat(follow_symlinks=False).st_mtime > KEEP_FOR
-                if old and entry.is_file(follow_symlinks=False):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
+        end = self._path(run_id, ".end")
+        fd = open_no_follow(end, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, repr(float(self.clock())).encode())
+        finally:
+            os.close(fd)
+        if time.time() - self._swept >= SWEEP_EVERY:
+            self._swept = time.time()
+            self.collect(KEEP_FOR)
 
 
 # -- Redis ----------------------------------------------------------------------------
@@ -421,15 +460,28 @@ def _make_log(store: StreamCheckpointStore) -> RunLog:
     )
 
     if isinstance(store, InMemoryStreamCheckpointStore):
-        return MemoryRunLog()
+        return MemoryRunLog(store.clock)
     if isinstance(store, FileStreamCheckpointStore | DiskCacheStreamCheckpointStore):
-        return DirectoryRunLog(store.directory)
+        return DirectoryRunLog(store.directory, clock=store.clock)
     if type(store).__name__ == "RedisStreamCheckpointStore":
         return RedisRunLog(store)
     raise TypeError(
         f"{type(store).__name__} keeps no event logs for readers yet; follow runs of an "
         "in-process, file, DiskCache or Redis store"
     )
+
+
+def collect_run_logs(store: StreamCheckpointStore) -> None:
+    """Remove the logs of ``store``'s runs that finished longer ago than its ``ttl``.
+
+    A store's ``gc`` calls it; a store without a ``ttl`` keeps finished logs
+    `KEEP_FOR` seconds.
+    """
+    log = _LOGS.get(store)
+    collect = getattr(log, "collect", None)
+    if collect is not None:
+        with contextlib.suppress(OSError):
+            collect(store.ttl if store.ttl is not None else KEEP_FOR)
 
 
 def has_run_log(store: StreamCheckpointStore) -> bool:
@@ -482,6 +534,25 @@ def _chunk_events(chunk: BaseMessageChunk, skip: list[int]) -> list[bytes]:
     return events
 
 
+_TEXT_PREFIX = b'{"type": "text", "data": {"text": '
+
+
+def _merged_text(events: list[bytes]) -> list[bytes]:
+    """Consecutive text events of one append as one event (fewer offsets, less to store)."""
+    merged: list[bytes] = []
+    texts: list[str] = []
+    for event in [*events, b""]:
+        if event.startswith(_TEXT_PREFIX):
+            texts.append(json.loads(event)["data"]["text"])
+            continue
+        if texts:
+            merged.append(encode_event("text", {"text": "".join(texts)}))
+            texts = []
+        if event:
+            merged.append(event)
+    return merged
+
+
 class Tap:
     """What one turn yields, on its way to the run's log.
 
@@ -529,6 +600,9 @@ class Tap:
         self._skip[0] = chars
 
     def _events(self, items: list[Any]) -> list[bytes]:
+        return _merged_text(self._each_event(items))
+
+    def _each_event(self, items: list[Any]) -> list[bytes]:
         events: list[bytes] = []
         for item in items:
             if item is _STARTED:
