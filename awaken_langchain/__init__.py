@@ -22,6 +22,7 @@ from awaken_langchain.errors import (
     StreamInterruptedError,
     StreamStalledError,
 )
+from awaken_langchain.ledger import ToolLedger
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.readers import (
     RunEvent,
@@ -65,6 +66,7 @@ __all__ = [
     "StreamEndedEarlyError",
     "StreamInterruptedError",
     "StreamStalledError",
+    "ToolLedger",
     "UnknownRunError",
     "__version__",
     "afollow",

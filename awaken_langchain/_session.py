@@ -24,6 +24,7 @@ from rich.text import Text
 
 from awaken_langchain._extras import require_agents, visible
 from awaken_langchain.history import release_committed
+from awaken_langchain.ledger import ToolLedger
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores._base import make_private_database
@@ -75,6 +76,8 @@ def assemble_agent(
     client: BaseChatModel,
     *,
     tools: Sequence[Any] = (),
+    ledger_tools: Sequence[Any] = (),
+    middleware: Sequence[Any] = (),
     retry_policy: RetryPolicy | None = None,
     checkpoints: Path | None = None,
     **settings: Any,
@@ -87,6 +90,10 @@ def assemble_agent(
             database and its side files are private (0600).
         client: The provider's chat model.
         tools: The agent's tools.
+        ledger_tools: Tools whose calls go through a `ToolLedger` kept in the
+            agent's checkpoint store (their results are replayed, not run
+            again, when a replacement process re-runs their step).
+        middleware: ``create_agent`` middleware.
         retry_policy: The wrapper's retry policy (the default when ``None``).
         checkpoints: Another checkpoint directory than ``directory/checkpoints``.
         **settings: Further `RecoveringChatModel` settings.
@@ -101,7 +108,13 @@ def assemble_agent(
     model = RecoveringChatModel(
         model=client, store=store, retry_policy=retry_policy or RetryPolicy(), **settings
     )
-    graph = create_agent(model, list(tools), checkpointer=SqliteSaver(connection))
+    ledger = ToolLedger(store)
+    graph = create_agent(
+        model,
+        [*tools, *(ledger.wrap(tool) for tool in ledger_tools)],
+        middleware=list(middleware),
+        checkpointer=SqliteSaver(connection),
+    )
     return Agent(graph=graph, model=model, store=store, connection=connection)
 
 
@@ -289,6 +302,14 @@ class Screen:
                 f"{name}: the turn ends with its complete tool calls; the cut-off call "
                 f"{data.get('cut_off_tool_call')} is not run",
                 "bold magenta",
+            )
+        elif name == "awaken_tool_ledger_replay":
+            self.marker(
+                "↺",
+                f"{name}: call {data.get('tool_call_id')} of {data.get('tool')} already "
+                f"{data.get('state')}; tool result replayed from the ledger, the tool was not "
+                "called again",
+                "bold green",
             )
         else:
             self.marker("!", f"{name}: {data.get('message', data)}", "bold red")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import re
 import sys
 import time
 import uuid
@@ -30,6 +29,7 @@ from awaken_langchain._extras import (
     require_agents,
     visible,
 )
+from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, encode_checkpoint
 from awaken_langchain.errors import StreamCheckpointError
 
@@ -42,58 +42,14 @@ DEFAULT_DIR = Path(".awaken")
 
 STORE_FORMS = "diskcache:PATH, file:PATH, or a redis://, rediss://, unix:// or postgresql:// URL"
 
-_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword=)([^&#\s'\"]*)")
-"""A ``password=`` URL parameter (redis-py reads the password from one)."""
-
-_SHORTEST_MASKED = 4
-"""Passwords shorter than this are masked only where they stand in a URL, not everywhere."""
-
-
-def _url_parts(spec: str) -> tuple[str, str, str, str] | None:
-    """Split a URL into scheme, user info, the rest of its location, and query plus fragment.
-
-    Tolerant of malformed URLs (``redis://u:pw@host:bad``), unlike ``urlsplit``.
-    """
-    scheme, sep, rest = spec.partition("://")
-    if not sep:
-        return None
-    cut = min((i for i in (rest.find("?"), rest.find("#")) if i != -1), default=len(rest))
-    userinfo, _, host = rest[:cut].rpartition("@")
-    return scheme, userinfo, host, rest[cut:]
-
 
 def shown_store(spec: str) -> str:
-    """``spec`` as the command prints it: the password of a URL masked as ``***``.
+    """``spec`` as the command prints it: its passwords masked as ``***``.
 
-    Masks the user-info password and a ``password=`` parameter, also in a
+    Masks what :func:`~awaken_langchain._secrets.redact` masks, also in a
     malformed URL, and escapes hidden characters (see :func:`visible`).
     """
-    parts = _url_parts(spec)
-    if parts is None:
-        return visible(spec)
-    scheme, userinfo, host, tail = parts
-    if ":" in userinfo:
-        userinfo = userinfo.partition(":")[0] + ":***"
-    location = f"{userinfo}@{host}" if userinfo else host
-    return visible(f"{scheme}://{location}" + _PASSWORD_PARAMETER.sub(r"\1***", tail))
-
-
-def _masked(message: str, spec: str) -> str:
-    """``message`` with the passwords of ``spec`` masked, wherever they appear in it.
-
-    A store's own error may quote its URL in another form than ``spec`` (the
-    user-info password masked but not a ``password=`` parameter).
-    """
-    parts = _url_parts(spec)
-    message = message.replace(spec, shown_store(spec)) if spec else message
-    if parts is None:
-        return message
-    _, userinfo, _, tail = parts
-    secrets = [userinfo.partition(":")[2]] + [m[2] for m in _PASSWORD_PARAMETER.finditer(tail)]
-    for secret in secrets:
-        if len(secret) >= _SHORTEST_MASKED:
-            message = message.replace(secret, "***")
-    return _PASSWORD_PARAMETER.sub(r"\1***", message)
+    return visible(redact(spec, spec=spec))
 
 
 # -- checkpoint stores by name ---------------------------------------------------------------
@@ -133,7 +89,7 @@ def open_store(
             )
             return store
         except (ValueError, StreamCheckpointError) as exc:
-            raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
+            raise CommandError(f"--store {shown}: {redact(str(exc), spec=spec)}") from exc
     if scheme in ("postgres", "postgresql") and sep:
         require("psycopg", "postgres", purpose=f"--store {scheme}://...")
         require("psycopg_pool", "postgres", purpose=f"--store {scheme}://...")
@@ -142,7 +98,7 @@ def open_store(
         try:
             return PostgresStreamCheckpointStore(spec, ttl=ttl, read_only=read_only)
         except (ValueError, StreamCheckpointError) as exc:
-            raise CommandError(f"--store {shown}: {_masked(str(exc), spec)}") from exc
+            raise CommandError(f"--store {shown}: {redact(str(exc), spec=spec)}") from exc
     if scheme in ("diskcache", "file") and sep:
         if not rest:
             raise CommandError(f"--store {shown} names no directory; write {scheme}:PATH")
@@ -197,9 +153,70 @@ def _summary(checkpoint: StreamCheckpoint, now: float) -> dict[str, Any]:
     }
 
 
-def _rows(store: StreamCheckpointStore) -> list[dict[str, Any]]:
+def _rows(store: StreamCheckpointStore, *, ledger: bool = False) -> list[dict[str, Any]]:
+    """The store's in-flight turns, or (``ledger``) its tool ledger records."""
+    from awaken_langchain.ledger import LEDGER_PREFIX
+
     now = store.clock()
-    return [_row(store, run_id, now) for run_id in store.list_run_ids()]
+    return [
+        (_ledger_row if ledger else _row)(store, run_id, now)
+        for run_id in store.list_run_ids()
+        if run_id.startswith(LEDGER_PREFIX) == ledger
+    ]
+
+
+def _ledger_row(store: StreamCheckpointStore, run_id: str, now: float) -> dict[str, Any]:
+    """One tool ledger record as the operator sees it (or why it cannot be read)."""
+    from awaken_langchain.ledger import read_record
+
+    try:
+        checkpoint = store.get(run_id)
+        if checkpoint is None:
+            return {"run_id": run_id, "error": "gone (expired or removed meanwhile)"}
+        record = read_record(checkpoint)
+    except StreamCheckpointError as exc:
+        return {"run_id": run_id, "error": str(exc)}
+    return {
+        "run_id": run_id,
+        "scope": record.scope,
+        "tool": record.tool,
+        "tool_call_id": record.tool_call_id,
+        "state": record.state,
+        "epoch": record.epoch,
+        "age_seconds": round(max(0.0, now - checkpoint.updated_at), 3),
+        "size_bytes": len(encode_checkpoint(checkpoint)),
+    }
+
+
+_LEDGER_COLUMNS = ("record", "thread", "tool", "call id", "state", "age")
+
+
+def _print_ledger_rows(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    """Print ledger records as a table (record keys whole), unreadable ones after it."""
+    from rich.table import Table
+
+    table = Table(title=_literal(title))
+    for column in _LEDGER_COLUMNS:
+        table.add_column(column, no_wrap=column == "record")
+    for row in rows:
+        if "error" not in row:
+            values = (
+                row["run_id"],
+                row["scope"],
+                row["tool"],
+                row["tool_call_id"],
+                row["state"],
+                _age(row["age_seconds"]),
+            )
+            table.add_row(*(_literal(value) for value in values))
+    console.print(table)
+    for unreadable in (row for row in rows if "error" in row):
+        console.print(
+            _literal("cannot be read: ", "bold red")
+            + _literal(unreadable["run_id"])
+            + _literal(f": {unreadable['error']}", "red"),
+            soft_wrap=True,
+        )
 
 
 def _age(seconds: float) -> str:
@@ -298,11 +315,17 @@ def _print_rows(console: Console, rows: list[dict[str, Any]], title: str) -> Non
 
 
 def cmd_checkpoints_list(args: argparse.Namespace, console: Console) -> int:
-    """List in-flight turns."""
+    """List in-flight turns (or, with ``--ledger``, tool ledger records)."""
     with _store(args, read_only=True) as store:
-        rows = _rows(store)
+        rows = _rows(store, ledger=args.ledger)
     if args.json:
         _print_json(console, rows)
+        return 0
+    if args.ledger:
+        if not rows:
+            console.print(_literal("No tool ledger records."))
+        else:
+            _print_ledger_rows(console, rows, f"Tool ledger records in {shown_store(args.store)}")
         return 0
     if not rows:
         console.print(_literal("No in-flight turns."))
@@ -325,6 +348,10 @@ def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
         now = store.clock()
     if checkpoint is None:
         raise CommandError(_not_found(args.run_id, args.store), exit_code=1)
+    from awaken_langchain.ledger import is_ledger_record
+
+    if is_ledger_record(checkpoint):
+        return _show_ledger_record(args, console, checkpoint, now)
     if args.json:
         _print_json(console, checkpoint.model_dump(mode="json"))
         return 0
@@ -350,6 +377,48 @@ def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
     for name, value in fields:
         table.add_row(name, _literal(value))
     table.add_row("text", _literal(checkpoint.partial_text or "(none)", keep="\n\t"))
+    console.print(table)
+    return 0
+
+
+def _show_ledger_record(
+    args: argparse.Namespace, console: Console, checkpoint: StreamCheckpoint, now: float
+) -> int:
+    """Show one tool ledger record in full."""
+    import dataclasses
+
+    from rich.table import Table
+
+    from awaken_langchain.ledger import read_record
+
+    try:
+        record = read_record(checkpoint)
+    except StreamCheckpointError as exc:
+        raise CommandError(f"record {args.run_id!r} cannot be read: {exc}", exit_code=1) from exc
+    if args.json:
+        _print_json(console, dataclasses.asdict(record))
+        return 0
+    console.print(_literal("Tool ledger record ", "bold") + _literal(record.run_id), soft_wrap=True)
+    table = Table(show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    fields = [
+        ("idempotency key", record.key),
+        ("thread", record.scope),
+        ("tool call id", record.tool_call_id),
+        ("tool", f"{record.tool}({json.dumps(record.args, ensure_ascii=False)})"),
+        ("state", record.state),
+        ("epoch", str(record.epoch)),
+        ("started", f"{_age(max(0.0, now - record.started_at))} ago"),
+    ]
+    if record.ended_at is not None:
+        fields.append(("ended", f"{_age(max(0.0, now - record.ended_at))} ago"))
+    if record.result is not None:
+        fields.append(("result", json.dumps(record.result, ensure_ascii=False)))
+    if record.error is not None:
+        fields.append(("error", record.error))
+    for name, value in fields:
+        table.add_row(name, _literal(value))
     console.print(table)
     return 0
 
@@ -385,7 +454,7 @@ def cmd_checkpoints_gc(args: argparse.Namespace, console: Console) -> int:
     """
     with _store(args, ttl=args.older_than) as store:
         removed = store.gc()
-        skipped = [row for row in _rows(store) if "error" in row]
+        skipped = [row for row in _rows(store) + _rows(store, ledger=True) if "error" in row]
     if args.json:
         _print_json(
             console,
@@ -418,7 +487,7 @@ def _store(
         yield store
     except StreamCheckpointError as exc:
         raise CommandError(
-            f"the checkpoint store failed: {_masked(str(exc), args.store)}", exit_code=1
+            f"the checkpoint store failed: {redact(str(exc), spec=args.store)}", exit_code=1
         ) from exc
     finally:
         store.close()
@@ -633,8 +702,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--steps",
-        default="a,b,c,d,e",
-        help="which steps to run, comma-separated (default a,b,c,d,e)",
+        default="a,b,c,d,e,f",
+        help="which steps to run, comma-separated (default a,b,c,d,e,f)",
     )
     demo.add_argument(
         "--inject-failure",
@@ -688,6 +757,11 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         help="list in-flight turns: run, thread, model, age, size, retries, epoch",
         description="List the in-flight turns in a checkpoint store.",
+    )
+    listing.add_argument(
+        "--ledger",
+        action="store_true",
+        help="list tool ledger records (one per tool call) instead of in-flight turns",
     )
     common(listing)
     listing.set_defaults(handler=cmd_checkpoints_list)

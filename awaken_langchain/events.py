@@ -97,6 +97,12 @@ class RecoveryEvent(enum.StrEnum):
     PROVIDER_CANCEL = "awaken_provider_cancel"
     """A turn that did not finish (abandoned, out of budget) cancelled its background
     response, so the provider stops generating it."""
+    TOOL_LEDGER_REPLAY = "awaken_tool_ledger_replay"
+    """A tool call ran before under the same id: its result was replayed from the tool
+    ledger and the tool was not called."""
+    TOOL_LEDGER_WARNING = "awaken_tool_ledger_warning"
+    """The tool ledger could not vouch for a call: its outcome is unknown (reported, not
+    run again), or the store failed and the tool ran without a record."""
 
     @property
     def is_retry(self) -> bool:
@@ -111,7 +117,11 @@ class RecoveryEvent(enum.StrEnum):
     @property
     def is_warning(self) -> bool:
         """Whether the event reports a problem (logged as a warning)."""
-        return self in (RecoveryEvent.CHECKPOINT_IGNORED, RecoveryEvent.CHECKPOINT_WARNING)
+        return self in (
+            RecoveryEvent.CHECKPOINT_IGNORED,
+            RecoveryEvent.CHECKPOINT_WARNING,
+            RecoveryEvent.TOOL_LEDGER_WARNING,
+        )
 
 
 class NotExecutedCall(TypedDict):

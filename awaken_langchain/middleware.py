@@ -72,19 +72,23 @@ from langchain.agents.middleware.types import (
     ModelCallResult,
     ModelRequest,
     ModelResponse,
+    ToolCallRequest,
 )
 from langchain.agents.structured_output import AutoStrategy, ProviderStrategy, ToolStrategy
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import ToolCall, ToolMessage
+from langgraph.types import Command
 
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain.checkpoint import StreamCheckpointStore
 from awaken_langchain.fallback import resolve_fallbacks
+from awaken_langchain.ledger import KeyedTool, ToolLedger, refuse_streaming
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.retry import RetryPolicy
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StreamRecoveryMiddleware"]
+__all__ = ["StreamRecoveryMiddleware", "ToolLedgerMiddleware"]
 
 _CACHE_SIZE = 64
 """Wrappers kept per middleware: one per model object seen, least recently used out."""
@@ -253,3 +257,84 @@ def _is_openai_compatible(model: BaseChatModel) -> bool:
 
     decide: Callable[[BaseChatModel], bool] = factory._is_openai_compatible_model
     return decide(model)
+
+
+class ToolLedgerMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
+    """Runs every tool call of a ``create_agent`` agent through a `ToolLedger`.
+
+    A call that already finished under the same thread and ``tool_call_id``
+    (a replacement process re-running the tools step after a crash) gets its
+    recorded result and the tool is not called; a call that started and never
+    finished is handled by the ledger's ``on_unknown`` policy. Use it alongside
+    `StreamRecoveryMiddleware` (the order between the two does not matter: one
+    wraps model calls, the other tool calls). Put it after middleware that
+    rewrites tool calls, so the ledger records the call that actually runs.
+
+    Example:
+        ```python
+        agent = create_agent(
+            model,
+            tools=[send_email],
+            middleware=[StreamRecoveryMiddleware(), ToolLedgerMiddleware(ToolLedger(store))],
+            checkpointer=saver,
+        )
+        ```
+
+    Args:
+        ledger: The ledger the calls go through.
+    """
+
+    def __init__(self, ledger: ToolLedger) -> None:
+        super().__init__()
+        if not isinstance(ledger, ToolLedger):
+            raise TypeError(
+                f"ToolLedgerMiddleware takes a ToolLedger, got {type(ledger).__name__}; "
+                "build one with ToolLedger(store)"
+            )
+        self.ledger = ledger
+
+    def wrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
+    ) -> ToolMessage | Command[Any]:
+        """Run the call through the ledger: replayed, reported, or run and recorded."""
+        if request.tool is None:  # not a registered tool: the tool node answers it
+            return handler(request)
+        refuse_streaming(request.tool)
+
+        def execute(call: ToolCall) -> ToolMessage | Command[Any]:
+            return handler(_keyed(request, call))
+
+        return self.ledger.run_call(request.tool_call, request.tool, execute, _config(request))
+
+    async def awrap_tool_call(
+        self,
+        request: ToolCallRequest,
+        handler: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
+    ) -> ToolMessage | Command[Any]:
+        """Async twin of `wrap_tool_call`."""
+        if request.tool is None:
+            return await handler(request)
+        refuse_streaming(request.tool)
+
+        async def execute(call: ToolCall) -> ToolMessage | Command[Any]:
+            return await handler(_keyed(request, call))
+
+        return await self.ledger.arun_call(
+            request.tool_call, request.tool, execute, _config(request)
+        )
+
+
+def _keyed(request: ToolCallRequest, call: ToolCall) -> ToolCallRequest:
+    """The request, its tool receiving the idempotency key the ledger added to ``call``."""
+    if call is request.tool_call or request.tool is None:
+        return request
+    given = request.tool_call["args"]
+    injected = {name: value for name, value in call["args"].items() if name not in given}
+    return request.override(tool=KeyedTool.of(request.tool, injected))
+
+
+def _config(request: ToolCallRequest) -> Any:
+    runtime = getattr(request, "runtime", None)
+    return getattr(runtime, "config", None)

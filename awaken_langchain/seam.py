@@ -12,13 +12,16 @@ passes the text through unchanged.
 The rule is never to delete real text. A repeat is a suffix of the prefix that
 the continuation starts with; it starts at a word start (after whitespace, or
 anywhere in CJK text, which has no spaces) or in the whitespace before one (the
-prefix counts as starting after a space). It is removed when repeating it is not
-what a text does:
+prefix counts as starting after a space); in a line's indentation, at its start
+or at its last space (the token before the line's first word carries that
+space). It is removed when repeating it is not what a text does:
 
 - **glued**, starting at a word (it joins the prefix's last word without a
   space): two characters or more with a letter (``"I'mI'm"``, ``"TheThe"`` are
   not text), or two words with a letter or digit;
-- **indented**, starting at a line's indentation: the same;
+- **indented**, starting at a line's indentation: as a spaced one (below). A
+  line indented by two spaces that holds one word, then that word again after
+  two spaces, is real text, and a restart of that line looks the same;
 - **spaced**, starting after a space on the same line: two words or more, one
   of them with a letter (``" over the"``), or two with a digit (``" 2024 05"``).
   A single word after a space is kept: ``"he had"`` + ``" had a dog"`` is as
@@ -55,7 +58,7 @@ MIN_WORDS = 2
 """A spaced repeat of this many words (one with a letter) is removed; any repeat of
 this many words with a letter or digit is."""
 MIN_CHARS = 2
-"""A glued or indented repeat of this many characters (one a letter) is removed."""
+"""A glued repeat of this many characters (one a letter) is removed."""
 MIN_CJK_CHARS = 4
 """A repeat with this many CJK characters or more is removed (CJK has no spaces)."""
 
@@ -97,14 +100,19 @@ def is_word_start(text: str, index: int) -> bool:
 def is_repeat_start(text: str, index: int) -> bool:
     """Whether a repeat may start at ``text[index]``.
 
-    At a word start, or in whitespace, but not inside a line's indentation: a
-    provider that repeats a line repeats all of its indentation.
+    At a word start, or in whitespace, but inside a line's indentation only at
+    its start or its last character: a provider that repeats a line repeats all
+    of its indentation, or restarts from the token that carries the space
+    before the line's first word (a JSON line ``'    "day": "'`` restarted as
+    ``' "day": "Monday"'``).
     """
     char = text[index]
     if not char.isspace():
         return is_word_start(text, index)
     before = index - 1
     if before < 0 or text[before] == "\n" or not text[before].isspace():
+        return True
+    if char == " " and index + 1 < len(text) and not text[index + 1].isspace():
         return True
     while before > 0 and text[before - 1].isspace():
         before -= 1
@@ -145,7 +153,9 @@ def is_removable_size(
     if kind == "broken" and not line_breaks:
         return False
     letter = any(c.isalpha() and not is_unspaced(c) for c in body)
-    if kind in ("spaced", "broken"):
+    if kind in ("spaced", "broken", "indented"):
+        # a line's indentation and one word is what a text with that word after the
+        # same whitespace holds for real ("the\n  the  the"): like a spaced word
         words = body.split(None, spaced_words)
         if len(words) < spaced_words:
             return False

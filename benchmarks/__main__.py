@@ -20,9 +20,12 @@ from benchmarks import (
     overhead,
     paced_instructions,
     recovery_latency,
+    sdk_instructions,
     sdk_overhead,
     seam_accuracy,
+    server_stores,
     store_size,
+    tool_ledger,
     wasted_work,
 )
 
@@ -43,6 +46,13 @@ def _paced_instructions(**sizes: int) -> None:
     print()
 
 
+def _sdk_instructions() -> None:
+    if shutil.which("valgrind") is None:
+        print("instructions around the real integrations: skipped, valgrind is not installed\n")
+        return
+    sdk_instructions.main()
+
+
 def main(quick: bool = False) -> None:
     """Run the benchmarks in turn, each printing its own table."""
     started = time.perf_counter()
@@ -61,10 +71,13 @@ def main(quick: bool = False) -> None:
         _paced_instructions(streams=4, chars=40)
         seam_accuracy.main(quick=True)
         store_size.main(turns=100)
+        tool_ledger.main(calls=30)
+        server_stores.main(puts=5, turns=2, concurrent=8)
     else:
         overhead.main()
         _instructions()
         sdk_overhead.main()
+        _sdk_instructions()
         checkpoint_put.main()
         checkpoint_growth.main()
         recovery_latency.main()
@@ -76,6 +89,8 @@ def main(quick: bool = False) -> None:
         _paced_instructions()
         seam_accuracy.main()
         store_size.main()
+        tool_ledger.main()
+        server_stores.main(instructions=shutil.which("valgrind") is not None)
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 

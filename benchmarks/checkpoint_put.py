@@ -2,7 +2,7 @@
 
 A streamed turn is checkpointed every few tokens, so each put adds a small
 delta to an ever longer ``partial_text``. This program measures, for each store
-(Redis too, on a throwaway local redis-server when one is installed), the mean and median
+(Redis and PostgreSQL too, on throwaway local servers when they are installed), the mean and median
 time and the bytes written per put when 16 characters are appended to a 200 KB
 partial and to a 2 KB partial, side by side, and prints the ratio (the goal is
 about 2x or less: a put should cost its delta, not the turn). A "rewrite"
@@ -11,7 +11,8 @@ the whole record must be written.
 
 Run: ``python benchmarks/checkpoint_put.py [--size 200000] [--small 2000] [--puts 200]``
 (``--redis-url redis://...`` measures an existing server instead). For Redis the
-bytes column counts what the server received (its ``total_net_input_bytes``).
+bytes column counts what the server received (its ``total_net_input_bytes``),
+for PostgreSQL what it wrote to its write-ahead log.
 """
 
 from __future__ import annotations
@@ -95,6 +96,53 @@ class _Redis:
         )
 
 
+class _Postgres:
+    """The PostgreSQL server the benchmark measures, and the bytes of WAL it wrote."""
+
+    dsn: str | None = None
+
+    @classmethod
+    def start(cls) -> Callable[[], None] | None:
+        """Start a throwaway PostgreSQL; ``None`` when PostgreSQL or psycopg is missing."""
+        import glob
+        from importlib.util import find_spec
+
+        if find_spec("psycopg_pool") is None or not (
+            glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("initdb")
+        ):
+            return None
+        from tests.postgres_server import PostgresServer
+
+        server = PostgresServer(Path(tempfile.mkdtemp(prefix="bench-postgres-")))
+        server.start()
+        cls.dsn = server.dsn
+
+        def stop() -> None:
+            cls.dsn = None
+            server.remove()
+
+        return stop
+
+    @classmethod
+    def wal_bytes(cls) -> int:
+        import psycopg
+
+        assert cls.dsn is not None
+        with psycopg.connect(cls.dsn, autocommit=True) as conn:
+            row = conn.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn").fetchone()
+        assert row is not None
+        return int(row[0])
+
+    @classmethod
+    def store(cls, directory: Path) -> StreamCheckpointStore:
+        from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+        assert cls.dsn is not None
+        return PostgresStreamCheckpointStore(
+            cls.dsn, table=f"bench_{directory.name.replace('-', '_')}", max_checkpoint_bytes=1 << 30
+        )
+
+
 STORES: dict[str, Callable[[Path], StreamCheckpointStore]] = {
     "memory": lambda directory: InMemoryStreamCheckpointStore(max_checkpoint_bytes=1 << 30),
     "diskcache": lambda directory: DiskCacheStreamCheckpointStore(
@@ -102,6 +150,7 @@ STORES: dict[str, Callable[[Path], StreamCheckpointStore]] = {
     ),
     "file": lambda directory: FileStreamCheckpointStore(directory, max_checkpoint_bytes=1 << 30),
     "redis": _Redis.store,
+    "postgres": _Postgres.store,
 }
 
 
@@ -135,7 +184,9 @@ def measure(store_name: str, sizes: tuple[int, ...], *, delta: int, puts: int) -
     One store per size; the puts to them alternate, so that a change of machine
     load during the run affects every size alike and the ratio stays fair.
     """
-    counted = _Redis.received_bytes if store_name == "redis" else _written_bytes
+    counted = {"redis": _Redis.received_bytes, "postgres": _Postgres.wal_bytes}.get(
+        store_name, _written_bytes
+    )
     with tempfile.TemporaryDirectory() as tmp:
         stores = [STORES[store_name](Path(tmp) / f"store-{size}") for size in sizes]
         try:
@@ -198,10 +249,12 @@ def main(
 ) -> list[tuple[Measurement, Measurement]]:
     """Measure every store at both sizes, print a table, and return the pairs.
 
-    By default every store is measured, Redis only once ``_Redis.start`` found one.
+    By default every store is measured, Redis and PostgreSQL only once
+    ``_Redis.start`` and ``_Postgres.start`` found them.
     """
     if stores is None:
-        stores = tuple(name for name in STORES if name != "redis" or _Redis.url is not None)
+        servers = {"redis": _Redis.url, "postgres": _Postgres.dsn}
+        stores = tuple(name for name in STORES if name not in servers or servers[name] is not None)
     pairs = []
     print(f"append {delta} chars per put, {puts} puts per case; times per put")
     print(
@@ -236,8 +289,13 @@ if __name__ == "__main__":
     stop_redis = _Redis.start(args.redis_url)
     if stop_redis is None:
         print("redis: left out (no redis-server installed; pass --redis-url to measure one)")
+    stop_postgres = _Postgres.start()
+    if stop_postgres is None:
+        print("postgres: left out (PostgreSQL or psycopg is not installed)")
     try:
         main(args.size, args.small, delta=args.delta, puts=args.puts)
     finally:
         if stop_redis is not None:
             stop_redis()
+        if stop_postgres is not None:
+            stop_postgres()

@@ -6,7 +6,7 @@ for real; see ``benchmarks/_seam_corpus.py``), the text of the recorded real
 provider streams in ``../shared/realwire/`` (read at run time, when that
 directory is there; ``--realwire DIR`` or ``AWAKEN_REALWIRE`` names another;
 without it the corpus alone is cut, with a note), and, for natural cuts only,
-this repository's README.
+this repository's README and documentation pages (``docs/*.md``).
 
 Each text is cut at every point (every word end and start, inside every word
 and every run of whitespace). At each cut the caller has seen the prefix; the
@@ -21,8 +21,10 @@ answers in one of these ways (a family of continuations):
 - **spaced N words** (1 to 12): the same, from the space before those words,
   as tokens that carry their leading space do (``" over the lazy dog."``);
 - **sentence glued / spaced**: it restarts at the start of the sentence;
-- **line from its break / with its indentation / from its first word**: it
-  restarts the line the cut is in (Markdown items, headings, code, JSON lines);
+- **line from its break / with its indentation / from the space before its
+  first word / from its first word**: it restarts the line the cut is in
+  (Markdown items, headings, code, JSON lines); the third is the token that
+  carries the indentation's last space and the line's first word;
 - **bracket glued / spaced**: cut right after an opening bracket or quote, it
   restarts at the last word with a letter or digit (``"green ("`` +
   ``"green (lime green)"``);
@@ -79,6 +81,7 @@ FAMILIES = (
     "sentence spaced",
     "line from its break",
     "line with its indentation",
+    "line from the space before its first word",
     "line from its first word",
     "bracket glued",
     "bracket spaced",
@@ -94,10 +97,10 @@ OPENERS = "([{\"'`<\u201c\u2018\u00ab"
 """Opening brackets and quotes (a straight quote opens after a space or a bracket)."""
 REALWIRE = Path(os.environ.get("AWAKEN_REALWIRE", REPO_ROOT.parent / "shared" / "realwire"))
 """The recorded real provider streams (not part of this repository)."""
-NATURAL_ONLY = "readme"
-"""The kind of text cut for natural continuations only."""
+NATURAL_ONLY = "project docs"
+"""The kind of text cut for natural continuations only: the README and the docs pages."""
 QUICK_README = 8
-"""A quick run cuts the README 8 times more sparsely than the other texts."""
+"""A quick run cuts the project's docs 8 times more sparsely than the other texts."""
 AMBIGUOUS = "squares"
 """The kind of text whose natural cuts are the glued ambiguity, reported apart."""
 
@@ -213,8 +216,8 @@ def kept_by_design(text: str, restart: int, repeat: str) -> str:
     there"``); a repeat that begins with a line break, a whole line again as
     refrains and table rows are (``"line break"``); a repeat in a table row
     that is not the whole row (``"table cell"``); a single word after a space
-    (``"spaced word"``); a single letter, a single word without a letter, fewer
-    than 4 CJK characters (``"short"``).
+    or a line's indentation (``"spaced word"``); a single letter, a single
+    word without a letter, fewer than 4 CJK characters (``"short"``).
     """
     body = repeat.strip()
     lead = repeat[: len(repeat) - len(repeat.lstrip())]
@@ -232,8 +235,7 @@ def kept_by_design(text: str, restart: int, repeat: str) -> str:
     row = line + len(text[line:end]) - len(text[line:end].lstrip())
     if text[row] == "|" and restart + len(lead) > row:
         return "table cell"
-    same_line = restart == 0 or text[restart - 1] != "\n"
-    if lead and same_line and len(body.split()) < 2:
+    if lead and len(body.split()) < 2:  # after a space or a line's indentation
         return "spaced word"
     named = sum(1 for word in body.split() if any(c.isalnum() for c in word))
     if cjk_chars(body):
@@ -275,15 +277,16 @@ def realwire_texts(directory: Path) -> list[Text]:
 
 
 def corpus(realwire: Path | None = REALWIRE) -> list[Text]:
-    """Every text to cut: the written corpus, the real streams, the README."""
+    """Every text to cut: the written corpus, the real streams, the README and docs."""
     texts = [Text(kind, kind, text, word_spans(text)) for kind, text in TEXTS.items()]
     texts.append(Text("cjk", "cjk", *cjk_words()))
     if realwire is not None:
         texts += realwire_texts(realwire)
-    readme = REPO_ROOT / "README.md"
-    if readme.is_file():
-        text = readme.read_text(encoding="utf-8")
-        texts.append(Text(NATURAL_ONLY, "README.md", text, word_spans(text)))
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]:
+        if page.is_file():
+            text = page.read_text(encoding="utf-8")
+            name = str(page.relative_to(REPO_ROOT))
+            texts.append(Text(NATURAL_ONLY, name, text, word_spans(text)))
     return texts
 
 
@@ -373,6 +376,8 @@ def restarts(text: str, starts: Starts, sent: int) -> Iterator[tuple[str, int]]:
         first = len(text) - len(text[line:].lstrip())
         if first > line:
             yield "line with its indentation", line
+        if first - line >= 2 and text[first - 1] == " ":
+            yield "line from the space before its first word", first - 1
         yield "line from its first word", first
     if is_opener(text, sent - 1):
         named = [s for s in starts.words[:words] if re.search(r"\w", text[s:sent])]
@@ -618,7 +623,7 @@ def main(
     texts = corpus(realwire)
     streams = sum(1 for t in texts if t.kind == "realwire")
     rows = measure(make_filter, every, texts)
-    quick_note = f" (quick: every 7th cut, the README's every {7 * QUICK_README}th)"
+    quick_note = f" (quick: every 7th cut, the project docs' every {7 * QUICK_README}th)"
     print(f"## Seam accuracy{quick_note if quick else ''}; {machine_line()}")
     if realwire is None or not streams:
         print(f"(no recorded real streams: {realwire} is absent; the corpus alone is cut)")

@@ -29,6 +29,7 @@ from awaken_langchain import (
 )
 from awaken_langchain.stores._base import run_id_bytes
 from awaken_langchain.testing import LoopbackProvider, RecordedRequest
+from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 from tests.redis_server import (
     corrupt_redis,
     redis_let_time_pass,
@@ -211,6 +212,17 @@ STORE_BACKENDS: list[StoreBackend] = [
         let_time_pass=redis_let_time_pass,
     ),
 ]
+
+POSTGRES = StoreBackend(
+    name="postgres",
+    make=postgres_store_on,
+    corrupt=corrupt_postgres,
+    durable=True,
+    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
+    uses_directory=False,
+    records=postgres_records,
+)
+"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
 
 
 class StoreFactory:

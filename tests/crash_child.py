@@ -77,7 +77,6 @@ import logging
 import os
 import sqlite3
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -91,18 +90,16 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
+from store_kinds import StoreKind, open_store, store_recipe
 
 import awaken_langchain
 from awaken_langchain import (
-    DiskCacheStreamCheckpointStore,
-    FileStreamCheckpointStore,
     RecoveringChatModel,
     StreamCheckpoint,
     StreamCheckpointStore,
 )
 from awaken_langchain.history import arelease_committed, release_committed
 
-StoreKind = Literal["diskcache", "file"]
 ChildKind = Literal["agent", "three_calls"]
 
 QUESTIONS = ("Name a colour.", "Name a fruit.", "Name a city.")
@@ -119,7 +116,8 @@ class ChildSpec:
         name: Names the child's output files.
         base_url: The loopback provider's OpenAI base URL.
         store_kind: Which checkpoint store to use.
-        store_dir: The store's directory.
+        store_dir: The store's directory (for a server store, what names its
+            tables or keys, see :func:`make_store`).
         db_path: The SqliteSaver database file (the agent's memory).
         thread_id: The LangGraph thread.
         tool_log: File the tool appends one JSON line per call to.
@@ -134,6 +132,8 @@ class ChildSpec:
             must; long here, because block points hold store writes on purpose.
         kind: ``"agent"`` (one agent turn) or ``"three_calls"`` (a node that
             makes three model calls).
+        store_address: The server of a ``"postgres"`` (its DSN) or
+            ``"redis-cluster"`` (``host:port`` of a node) store.
     """
 
     name: str
@@ -150,6 +150,7 @@ class ChildSpec:
     use_async: bool = False
     checkpoint_deadline: float = 60.0
     kind: ChildKind = "agent"
+    store_address: str = ""
 
     @property
     def stdout_path(self) -> Path:
@@ -162,23 +163,17 @@ class ChildSpec:
         return Path(self.output_dir) / f"{self.name}.err"
 
 
-STORE_CLASSES: dict[StoreKind, Callable[[str], StreamCheckpointStore]] = {
-    "diskcache": DiskCacheStreamCheckpointStore,
-    "file": FileStreamCheckpointStore,
-}
-
-
-def make_store(kind: StoreKind, directory: str) -> StreamCheckpointStore:
+def make_store(kind: StoreKind, directory: str, address: str = "") -> StreamCheckpointStore:
     """Build the real store of ``kind`` on ``directory``."""
-    return STORE_CLASSES[kind](directory)
+    store: StreamCheckpointStore = open_store(kind, directory, address)
+    return store
 
 
-def _reporting_store(
-    kind: StoreKind, directory: str, channel: Channel, block: str | None
-) -> StreamCheckpointStore:
+def _reporting_store(spec: ChildSpec, channel: Channel) -> StreamCheckpointStore:
     """The real store, reporting each operation after it returned."""
     report = channel.report
-    base: Any = STORE_CLASSES[kind]
+    block = spec.block
+    base, args, kwargs = store_recipe(spec.store_kind, spec.store_dir, spec.store_address)
 
     batching: list[bool] = []  # non-empty while put_many runs (on the writer thread)
 
@@ -215,7 +210,7 @@ def _reporting_store(
             super().delete(run_id, epoch=epoch)
             report("delete", run_id=run_id, epoch=epoch)
 
-    return ReportingStore(directory)
+    return ReportingStore(*args, **kwargs)
 
 
 def describe_checkpoint(checkpoint: Any) -> dict[str, Any]:
@@ -332,7 +327,7 @@ def build_agent(
                 channel.block("llm_end")
 
     inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
-    store = _reporting_store(spec.store_kind, spec.store_dir, channel, spec.block)
+    store = _reporting_store(spec, channel)
     model = RecoveringChatModel(
         model=inner,
         store=store,
@@ -377,7 +372,7 @@ def _run_three_calls(spec: ChildSpec, channel: Channel) -> None:
 def build_three_calls(spec: ChildSpec, channel: Channel, saver: BaseCheckpointSaver[Any]) -> Any:
     """A graph whose one node asks the wrapped ChatOpenAI three questions."""
     inner = ChatOpenAI(model=MODEL_NAME, base_url=spec.base_url, api_key="x", max_retries=0)
-    store = _reporting_store(spec.store_kind, spec.store_dir, channel, spec.block)
+    store = _reporting_store(spec, channel)
     model = RecoveringChatModel(
         model=inner,
         store=store,

@@ -143,8 +143,56 @@ class PostgresServer:
                     raise
                 time.sleep(0.1)
 
-    def stop(self) -> None:
-        """Stop the server at once (its data is thrown away with the directory)."""
+    def add_password_role(self, role: str, password: str) -> None:
+        """Add a login ``role`` that must give ``password`` (every other user stays trusted)."""
+        import psycopg
+        from psycopg import sql
+
+        hba = self.data / "pg_hba.conf"
+        rule = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+        if rule not in hba.read_text():
+            hba.write_text(rule + hba.read_text())  # the first matching line decides
+        with psycopg.connect(
+            f"host=127.0.0.1 port={self.port} user=awaken dbname=awaken", autocommit=True
+        ) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            if exists is None:
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                        sql.Identifier(role), sql.Literal(password)
+                    )
+                )
+            conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # the server rereads the file in the background
+            try:
+                psycopg.connect(
+                    f"host=127.0.0.1 port={self.port} user={role} dbname=awaken password=not-it",
+                    connect_timeout=5,
+                ).close()
+            except psycopg.OperationalError:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"the server did not start asking {role} for a password")
+
+    def processes(self) -> list[int]:
+        """The postmaster's process id and those of every process it started."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        children = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                except OSError:
+                    continue
+                if int(fields[1]) == postmaster:
+                    children.append(int(entry.name))
+        return [postmaster, *children]
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server: at once by default (its data is thrown away with the directory);
+        ``mode="fast"`` ends its sessions and writes what they committed, as a restart does.
+        """
         subprocess.run(
             [
                 *self.as_user,
@@ -152,7 +200,7 @@ class PostgresServer:
                 "-D",
                 str(self.data),
                 "-m",
-                "immediate",
+                mode,
                 "stop",
             ],
             capture_output=True,

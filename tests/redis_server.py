@@ -320,3 +320,29 @@ def redis_let_time_pass(store: StreamCheckpointStore, location: Path, seconds: f
         for key in list(raw.scan_iter(match=f"{prefix_for(location)}:*")):
             if 0 <= raw.pttl(key) <= seconds * 1000:
                 raw.delete(key)
+
+
+def valkey_store_on(location: Path, **kwargs: Any) -> RedisStreamCheckpointStore:
+    """A Redis store on the shared server through a ``valkey`` client, closed with the store."""
+    valkey = pytest.importorskip("valkey")
+
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+    client = valkey.Valkey.from_url(os.environ.get(URL_ENV) or shared_redis_server().url)
+
+    class ValkeyClientStore(RedisStreamCheckpointStore):
+        def close(self) -> None:
+            super().close()
+            client.close()
+
+    return ValkeyClientStore(client=client, prefix=prefix_for(location), **kwargs)
+
+
+def valkey_let_time_pass(store: StreamCheckpointStore, location: Path, seconds: float) -> None:
+    """`redis_let_time_pass` for a store that borrowed its client (it has no URL)."""
+    import redis
+
+    with redis.Redis.from_url(os.environ.get(URL_ENV) or shared_redis_server().url) as raw:
+        for key in list(raw.scan_iter(match=f"{prefix_for(location)}:*")):
+            if 0 <= raw.pttl(key) <= seconds * 1000:
+                raw.delete(key)

@@ -22,6 +22,7 @@ from benchmarks import (
     recovery_latency,
     sdk_overhead,
     seam_accuracy,
+    server_stores,
     wasted_work,
 )
 from benchmarks._common import child_env, run_child
@@ -353,6 +354,21 @@ def test_paced_instruction_count_of_diskcache_tells_what_sqlite_executed() -> No
     assert writes >= 2  # every turn writes, if only its closing write
     assert total > 100_000_000  # an interpreter's start-up alone
     assert 0 < sqlite < total
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.postgres
+def test_server_store_benchmark_measures_every_store_beside_the_insert_floor() -> None:
+    rows = server_stores.main(puts=3, turns=1, concurrent=2)
+
+    assert [r.kind for r in rows] == list(server_stores.KINDS)
+    for row in rows:
+        assert row.put_us > 0
+        assert row.concurrent_p99_us >= row.concurrent_median_us > 0
+        assert row.bytes_per_turn > 0  # the servers saw the turn
+    postgres, floor = rows[0], rows[1]
+    assert postgres.bytes_per_turn > floor.bytes_per_turn / 2  # the same text, as WAL
 
 
 def test_all_benchmarks_run_from_one_command() -> None:

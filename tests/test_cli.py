@@ -124,16 +124,19 @@ def test_bad_arguments_exit_2_naming_the_problem(
 def test_demo_runs_end_to_end_and_every_claim_holds(provider: str, tmp_path: Path) -> None:
     status, out = run("demo", "--dir", str(tmp_path), "--provider", provider, "--speed", "40")
     assert status == 0, out
-    assert "All 25 claims verified." in out
+    assert "All 30 claims verified." in out
     for marker in (
         "awaken_retry",
         "awaken_continuation",
         "SIGKILL worker 1",
         "awaken_resume",
         "awaken_provider_resume",
+        "awaken_tool_ledger_replay",
+        "tool result replayed from the ledger",
     ):
         assert marker in out
     assert "get_forecast ran with {'city': 'Lisbon', 'days': 3}" in out
+    assert len((tmp_path / "packing-list.txt").read_text().splitlines()) == 1
     # the committed thread is in the SQLite memory; no in-flight turn is left behind
     assert (tmp_path / "memory.sqlite").is_file()
     status, listing = run("checkpoints", "list", "--store", f"diskcache:{tmp_path}/checkpoints")
@@ -185,11 +188,26 @@ def test_demo_exits_1_when_the_replacement_cannot_see_the_checkpoint(tmp_path: P
     assert "not to start over" in out
 
 
+def test_demo_step_f_kills_a_worker_after_the_tools_effect_and_the_file_holds_it_once(
+    tmp_path: Path,
+) -> None:
+    status, out = run("demo", "--dir", str(tmp_path), "--speed", "40", "--steps", "f")
+    assert status == 0, out
+    assert "SIGKILL worker 1" in out
+    assert "tool result replayed from the ledger" in " ".join(out.split())
+    assert "All 7 claims verified." in out
+    lines = (tmp_path / "packing-list.txt").read_text().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("sunglasses\t")
+    # the worker that resumed the thread did not call the tool: one key, one line
+    assert lines[0].split("\t")[1].startswith("awaken-")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--steps", "a,x"], "--steps takes letters from a,b,c,d,e"),
-        (["--steps", ","], "--steps takes letters from a,b,c,d,e"),
+        (["--steps", "a,x"], "--steps takes letters from a,b,c,d,e,f"),
+        (["--steps", ","], "--steps takes letters from a,b,c,d,e,f"),
     ],
 )
 def test_demo_rejects_bad_settings(argv: list[str], message: str, tmp_path: Path) -> None:

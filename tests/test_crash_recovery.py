@@ -22,8 +22,6 @@ seconds of imports.
 from __future__ import annotations
 
 import json
-import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import sqlite3
@@ -36,7 +34,8 @@ from typing import Any
 
 import crash_child
 import pytest
-from crash_child import ChildSpec, StoreKind
+from crash_child import ChildSpec
+from fork_server import fork_server as start_fork_server
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -49,6 +48,7 @@ from awaken_langchain.testing import (
     Scenario,
     ScriptedToolCall,
 )
+from tests.store_kinds import StoreKind, server_address
 
 pytestmark = pytest.mark.slow
 
@@ -68,24 +68,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def fork_server() -> ForkServerContext:
-    """A fork server that has imported the child's code from this repository.
-
-    The fork server is started with ``PYTHONPATH`` set to the repository root
-    (and ``tests/``), so children run this worktree's ``awaken_langchain``,
-    not an installed copy; each child checks that in its first report.
-    """
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["crash_child"])
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
-    try:
-        multiprocessing.forkserver.ensure_running()
-    finally:
-        if saved is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = saved
-    return context
+    """A fork server that has imported the child's code from this repository."""
+    return start_fork_server("crash_child")
 
 
 class Child:
@@ -205,6 +189,7 @@ class World:
     store_kind: StoreKind
     root: Path
     children: list[Child]
+    store_address: str = ""
 
     def spec(
         self,
@@ -219,6 +204,7 @@ class World:
             base_url=self.server.base_url_openai,
             store_kind=self.store_kind,
             store_dir=str(self.root / "checkpoints"),
+            store_address=self.store_address,
             db_path=str(self.root / "memory.sqlite"),
             thread_id=THREAD,
             tool_log=str(self.root / "tools.jsonl"),
@@ -257,21 +243,31 @@ class World:
 
     def checkpoints(self) -> list[StreamCheckpoint]:
         """Every checkpoint in the store (read after the writers are gone)."""
-        store = crash_child.make_store(self.store_kind, str(self.root / "checkpoints"))
+        store = crash_child.make_store(
+            self.store_kind, str(self.root / "checkpoints"), self.store_address
+        )
         try:
             return store.list_checkpoints()
         finally:
             store.close()
 
 
-@pytest.fixture(params=["diskcache", "file"])
+@pytest.fixture(
+    params=[
+        "diskcache",
+        "file",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 def world(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     loopback_provider: LoopbackProvider,
     fork_server: ForkServerContext,
 ) -> Iterator[World]:
-    w = World(loopback_provider, fork_server, request.param, tmp_path, [])
+    kind = request.param
+    w = World(loopback_provider, fork_server, kind, tmp_path, [], server_address(kind))
     yield w
     for child in w.children:
         if child.process.is_alive():
@@ -538,9 +534,10 @@ def test_a_process_fenced_out_by_a_newer_owner_stops_writing_the_run(world: Worl
     writes_before_the_race = len(old.puts())
 
     new = world.start("new-owner")  # resumes the same thread, hence the same run
-    assert new.wait_event("claim")["run_id"] == key
+    claimed = new.wait_event("claim")
+    assert claimed["run_id"] == key
     newest = new.wait_event("put", text="The weather in Paris")
-    assert newest["epoch"] == 2
+    assert newest["epoch"] == claimed["epoch"] > old.wait_event("claim")["epoch"]
 
     old.release()  # the old owner goes on streaming and tries to checkpoint again
     old.finish()
@@ -553,7 +550,7 @@ def test_a_process_fenced_out_by_a_newer_owner_stops_writing_the_run(world: Worl
     new.kill()
     [stored] = world.checkpoints()
     assert stored.run_id == key
-    assert stored.epoch == 2
+    assert stored.epoch == claimed["epoch"]
     assert stored.partial_text == "The weather in Paris"
     assert stored.message_id == newest["message_id"]
 
@@ -571,7 +568,8 @@ def test_a_process_fenced_at_its_closing_write_never_releases_the_new_owners_che
     key = _key_of(old)
 
     new = world.start("new-owner")
-    assert new.wait_event("claim")["run_id"] == key
+    claimed = new.wait_event("claim")
+    assert claimed["run_id"] == key
     newest = new.wait_event("put", text=ANSWER + " Mor")
 
     old.release()  # its complete checkpoint is refused; then LangGraph commits its turn
@@ -581,5 +579,9 @@ def test_a_process_fenced_at_its_closing_write_never_releases_the_new_owners_che
 
     new.kill()
     [stored] = world.checkpoints()
-    assert (stored.run_id, stored.epoch, stored.partial_text) == (key, 2, newest["text"])
+    assert (stored.run_id, stored.epoch, stored.partial_text) == (
+        key,
+        claimed["epoch"],
+        newest["text"],
+    )
     assert not stored.complete

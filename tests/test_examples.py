@@ -8,7 +8,9 @@ written for the real APIs, the clients' environment variables
 (``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL`` and dummy keys) point at a
 loopback provider started for the block. A block
 preceded by an HTML comment ``<!-- not run: reason -->`` is only compiled: keep
-that for an example that truly needs a real key or service.
+that for an example that truly needs a real key or service. A block whose first
+line names a pytest file (``# test_my_store.py``) is a test module: it is
+written to that file and run with pytest, which must pass it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from awaken_langchain.testing import LoopbackProvider, echo_responder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!--\s*not run:[^>]*-->\s*\n)?```python\n(.*?)^```", re.S | re.M)
+TEST_MODULE = re.compile(r"# (test_\w+\.py)\n")
 DEPRECATED_MEMORY = re.compile(r"\b(InMemoryChatMessageHistory|BaseChatMessageHistory)\b")
 
 
@@ -83,6 +86,18 @@ def example_runner() -> Iterator[subprocess.Popen[str]]:
     runner.wait(timeout=30)
 
 
+def as_script(example: Example) -> str:
+    """The source that runs ``example``: itself, or pytest on it if it is a test module."""
+    module = TEST_MODULE.match(example.source)
+    if module is None:
+        return example.source
+    return (
+        "import pathlib, pytest\n"
+        f"pathlib.Path({module[1]!r}).write_text({example.source!r})\n"
+        f"raise SystemExit(pytest.main([{module[1]!r}, '-q', '-p', 'no:cacheprovider']))\n"
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("example", EXAMPLES, ids=[f"{e.path}:{e.line}" for e in EXAMPLES])
 def test_example_runs(
@@ -107,7 +122,7 @@ def test_example_runs(
             ANTHROPIC_API_URL=server.url,
             ANTHROPIC_API_KEY="x",
         )
-        job = {"source": example.source, "where": where, "env": env, "cwd": str(tmp_path)}
+        job = {"source": as_script(example), "where": where, "env": env, "cwd": str(tmp_path)}
         assert example_runner.stdin is not None
         assert example_runner.stdout is not None
         example_runner.stdin.write(json.dumps({**job, "timeout": 120}) + "\n")

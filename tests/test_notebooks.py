@@ -150,3 +150,16 @@ def test_committed_notebooks_carry_no_outputs(path: Path) -> None:
         if cell["cell_type"] == "code":
             assert cell["outputs"] == [], f"{path.name}: strip the outputs before committing"
             assert cell["execution_count"] is None
+
+
+def test_tool_ledger_notebook_pays_once_across_two_kills() -> None:
+    notebook = execute("05_tool_ledger.ipynb")
+    out = text_output(notebook)
+    assert out.count("worker exit code: -9") == 2
+    assert out.count("payments after the crash: 1") == 2
+    assert out.count("payments after the replacement: 1") == 2
+    assert "tool message status: error" in out
+    assert "outcome of this call is unknown" in out
+    assert "tool message: paid 5 (success)" in out
+    assert "['awaken_tool_ledger_replay'] -> tool result replayed from the ledger" in out
+    assert "final answer: Paid 5 euros to Ana." in out

@@ -60,7 +60,13 @@ from tests import provider_resume_child
 from tests.conftest import Drive
 
 MODEL = "gpt-5-mini"
-TEXT = "Paris is the capital of France, and it sits on the Seine. " * 3
+# Three different sentences: a text that repeats a whole sentence, cut right after one
+# of them, is continued as a restart would be (the seam's one ambiguity with real text).
+TEXT = (
+    "Paris is the capital of France, and it sits on the Seine. "
+    "It has been the seat of government for most of the last thousand years. "
+    "Its river divides the city into a left bank and a right bank. "
+)
 REASONING = "The user asks about France; its capital is Paris, on the Seine."
 CALL = ScriptedToolCall("get_weather", {"city": "Paris", "unit": "celsius", "days": 3})
 FULL = Scenario(text=TEXT, thinking=[ScriptedThinking(REASONING)], tool_calls=[CALL], chunk_size=7)

@@ -24,6 +24,7 @@ def test_public_names_are_pinned() -> None:
             "StreamEndedEarlyError",
             "StreamInterruptedError",
             "StreamStalledError",
+            "ToolLedger",
             "UnknownRunError",
             "__version__",
             "afollow",

@@ -16,7 +16,8 @@ from awaken_langchain import RecoveringChatModel, RetryPolicy
 from awaken_langchain.testing import Fault, LoopbackProvider, Scenario
 from tests.conftest import Drive, Sleeps, loopback_client
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+ASYNC = pytest.mark.asyncio(loop_scope="module")
+"""Marks each async test: its loopback clients are kept for the module's loop."""
 
 ANSWER = "After thinking it over: the answer is 42."
 SILENCE = 1.0
@@ -42,6 +43,7 @@ def wrapped(server: LoopbackProvider, **settings: Any) -> RecoveringChatModel:
 @pytest.mark.parametrize(
     "model", ["gpt-5", "gpt-5-mini", "gpt-5.1", "gpt-oss-120b", "deepseek-reasoner", "o3-mini"]
 )
+@ASYNC
 async def test_a_reasoning_models_silent_phase_is_waited_for_not_cut(
     server: LoopbackProvider, drive: Drive, model: str
 ) -> None:
@@ -58,6 +60,7 @@ async def test_a_reasoning_models_silent_phase_is_waited_for_not_cut(
     [("gpt-4o-mini", {}), ("gpt-5.1", {"reasoning_effort": "none"})],
     ids=["not-a-reasoning-model", "reasoning-turned-off"],
 )
+@ASYNC
 async def test_a_model_that_does_not_reason_is_cut_after_the_plain_idle_timeout(
     server: LoopbackProvider, drive: Drive, model: str, settings: dict[str, Any]
 ) -> None:

@@ -105,9 +105,47 @@ def test_a_text_that_doubles_a_word_after_a_space_keeps_it_at_every_cut(
     doubled = text.replace(word, f"{word} {word}", 1)
     for cut in cuts(doubled):
         prefix, continuation = exact(doubled, cut)
-        if doubled[:cut].rstrip().endswith(f"{word} {word}"):
-            continue  # two words doubled ("a b" + " a b"): removed as a repeat, by rule
+        sent = doubled[:cut].rstrip()
+        rest = doubled[len(sent) :]
+        lead = rest[: len(rest) - len(rest.lstrip())]
+        said, next_words = sent.split(), rest.split()
+        if (
+            lead
+            and "\n" not in lead
+            and any(next_words[:n] == said[-n:] for n in range(2, len(said) + 1))
+        ):
+            continue  # two words or more doubled ("a b" + " a b"): removed as a repeat, by rule
         assert continued(prefix, continuation) == doubled
+
+
+@pytest.mark.parametrize("text", ["the the\n  the  the", "x\n    return    return 1"])
+def test_a_word_repeated_after_the_same_whitespace_as_its_lines_indentation_is_kept(
+    text: str,
+) -> None:
+    for cut in cuts(text):
+        assert continued(*exact(text, cut)) == text
+
+
+INDENTED = [
+    '{\n    "day": "Monday",\n    "location": "San Francisco, CA",\n    "unit": "celsius"\n}',
+    "def f(x):\n    total = x + 1\n    return total * 2\n",
+    "- item one\n  - nested item two\n  - nested item three\n",
+]
+
+
+@pytest.mark.parametrize("text", INDENTED)
+def test_a_line_restarted_from_the_space_before_its_first_word_is_removed(text: str) -> None:
+    """Tokens carry their leading space, so a restart of an indented line may begin
+    with the indentation's last space (``"    \"day\": \""`` + ``" \"day\": …"``)."""
+    for cut in cuts(text):
+        prefix = text[:cut]
+        sent = prefix.rstrip()
+        line = sent.rfind("\n") + 1
+        first = line + len(sent[line:]) - len(sent[line:].lstrip())
+        if first - line < 2 or len(sent[first:].split()) < 2:
+            continue  # not indented by two or more, or one word: kept as a spaced word
+        assert continued(prefix, text[first - 1 :]) == text
+        assert continued(*exact(text, cut)) == text
 
 
 @given(cjk())
@@ -189,7 +227,7 @@ def test_a_line_restarted_from_its_first_word_or_its_indentation_is_removed(text
         if not any(c.isalpha() for c in repeat) or len(repeat) < 2:
             continue
         assert continued(prefix, text[first:]) == text
-        if line and first > line:
+        if line and first > line and len(repeat.split()) >= 2:  # one word: as a spaced one
             assert continued(prefix, text[line:]) == text
 
 

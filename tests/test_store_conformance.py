@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 
 from awaken_langchain import (
-    StreamCheckpoint,
     StreamCheckpointError,
     StreamCheckpointFencedError,
     StreamCheckpointStore,
 )
 from awaken_langchain.stores._base import SIGNING_KEY_ENV, DeltaCheckpointStore, Head
 from awaken_langchain.testing.conformance import StoreConformanceTests
-from tests.conftest import STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
-from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
+from awaken_langchain.testing.conformance.stores import GRACE, make_checkpoint, one_turn
+from tests.conftest import POSTGRES, STORE_BACKENDS, FakeClock, StoreBackend, StoreFactory
 from tests.redis_cluster import cluster_let_time_pass, cluster_store_on
+from tests.redis_server import valkey_let_time_pass, valkey_store_on
 
 BACKENDS = {backend.name: backend for backend in STORE_BACKENDS}
 
@@ -71,18 +71,6 @@ class ProjectStoreKit(StoreConformanceTests):
         return reopen(self._factory, store, **settings)
 
 
-POSTGRES = StoreBackend(
-    name="postgres",
-    make=postgres_store_on,
-    corrupt=corrupt_postgres,
-    durable=True,
-    child_source="__import__('tests.postgres_server', fromlist=['x']).postgres_store_on(location)",
-    uses_directory=False,
-    records=postgres_records,
-)
-"""The PostgreSQL store, on tables of its own per test in the server the suite starts."""
-
-
 class TestMemoryStoreConformance(ProjectStoreKit):
     backend = BACKENDS["memory"]
 
@@ -118,6 +106,21 @@ class TestRedisClusterStoreConformance(ProjectStoreKit):
     )
 
 
+class TestRedisStoreWithValkeyClientConformance(ProjectStoreKit):
+    """The Redis store through the ``valkey`` client (a fork of redis-py), not redis-py's."""
+
+    backend = StoreBackend(
+        name="redis-valkey-client",
+        make=valkey_store_on,
+        corrupt=kit_only_corrupt,
+        durable=True,
+        child_source="__import__('tests.redis_server', fromlist=['x']).valkey_store_on(location)",
+        uses_directory=False,
+        records=kit_only_records,
+        let_time_pass=valkey_let_time_pass,
+    )
+
+
 # -- what only the project's own backends can show ----------------------------------------
 
 
@@ -126,19 +129,6 @@ def store_backend(request: pytest.FixtureRequest) -> StoreBackend:
     """Each store backend in turn, PostgreSQL included."""
     backend: StoreBackend = request.param
     return backend
-
-
-def make_checkpoint(
-    run_id: str = "run-1", text: str = "Hello", **update: object
-) -> StreamCheckpoint:
-    return StreamCheckpoint(
-        run_id=run_id,
-        thread_id="thread-1",
-        model="gpt-test",
-        message_id="msg-1",
-        partial_text=text,
-        **update,  # type: ignore[arg-type]
-    )
 
 
 def durable(factory: StoreFactory) -> None:
@@ -180,34 +170,6 @@ def test_delta_put_writes_about_its_delta_not_the_whole_text(
 
 # -- the epoch records' horizon ---------------------------------------------------------
 
-GRACE = 60.0
-
-
-def one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
-    """Claim, write three checkpoints and (unless abandoned) delete: one turn."""
-    epoch = store.claim(run_id)
-    text = ""
-    for step in range(3):
-        text += f"token {step} "
-        store.put(make_checkpoint(run_id, text, epoch=epoch))
-    if finish:
-        store.delete(run_id, epoch=epoch)
-    return epoch
-
-
-def test_a_stale_writer_is_fenced_once_the_new_owner_has_ended_the_run(
-    store: StreamCheckpointStore,
-) -> None:
-    stale = store.claim("run-1")  # a writer that stalls, holding its epoch
-    store.put(make_checkpoint(text="stale owner", epoch=stale))
-    newer = one_turn(store, "run-1")  # another process takes over and finishes the turn
-    with pytest.raises(StreamCheckpointFencedError):
-        store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
-    with pytest.raises(StreamCheckpointFencedError):
-        store.delete("run-1", epoch=stale)
-    assert store.get("run-1") is None
-    assert store.claim("run-1") > newer
-
 
 def test_store_returns_to_its_baseline_after_turns_and_gc(
     store_factory: StoreFactory, clock: FakeClock
@@ -223,19 +185,6 @@ def test_store_returns_to_its_baseline_after_turns_and_gc(
     assert store.list_run_ids() == []
     assert store_factory.records(store) <= baseline + 1  # at most the store's epoch floor
     assert store.gc() == 0
-
-
-def test_the_epoch_record_of_a_claim_without_a_checkpoint_is_kept_for_the_grace_period(
-    store_factory: StoreFactory, clock: FakeClock
-) -> None:
-    store = store_factory(ttl=1, clock=clock, epoch_grace=GRACE)
-    epoch = store.claim("run-1")  # its owner may still be on its way to the first write
-    store_factory.let_time_pass(store, clock, GRACE - 1)
-    store.gc()
-    with pytest.raises(StreamCheckpointFencedError):  # the claim still fences unfenced writers
-        store.put(make_checkpoint(text="an unfenced writer", epoch=0))
-    assert store_factory.records(store) >= 1
-    assert store.claim("run-1") > epoch
 
 
 def test_stale_writer_is_refused_after_the_epoch_record_was_collected(

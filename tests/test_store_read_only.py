@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,24 @@ async def test_a_read_only_store_reads_from_async_code(kind: str, tmp_path: Path
         found = await reader.aget("run-a")
     assert found is not None
     assert found.partial_text == "async"
+
+
+def test_a_reader_that_opens_a_store_its_writer_is_still_creating_reads_it_empty(
+    tmp_path: Path,
+) -> None:
+    # the moment between a writer creating the database file and creating its table
+    directory = tmp_path / "checkpoints"
+    directory.mkdir()
+    sqlite3.connect(directory / "cache.db").close()
+    reader = DiskCacheStreamCheckpointStore(directory, read_only=True)
+    try:
+        assert reader.list_checkpoints() == []
+        assert reader.get("run-1") is None
+        with DiskCacheStreamCheckpointStore(directory) as writer:
+            writer.put(StreamCheckpoint(run_id="run-1", thread_id="t", partial_text="Hello"))
+        got = reader.get("run-1")
+        assert got is not None
+        assert got.partial_text == "Hello"
+        assert [c.run_id for c in reader.list_checkpoints()] == ["run-1"]
+    finally:
+        reader.close()

@@ -9,20 +9,14 @@ and OpenTelemetry receive) all show the URL with the password masked.
 
 from __future__ import annotations
 
-import logging
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
+from warning_outlets import store_failure_outlets
 
 from awaken_langchain.errors import StreamCheckpointError
-from awaken_langchain.model import RecoveringChatModel
-from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
-from awaken_langchain.testing.scripted import ScriptedChatModel, finish, text
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -51,41 +45,13 @@ URLS = {
 }
 
 
-class _Events(BaseCallbackHandler):
-    def __init__(self) -> None:
-        self.events: list[tuple[str, Any]] = []
-
-    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
-        self.events.append((name, data))
-
-
 @pytest.mark.parametrize("form", list(URLS))
 def test_a_redis_password_is_masked_in_the_warning_the_log_and_the_event(
     form: str, guarded: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     url = URLS[form].format(port=guarded.port, secret=SECRET, socket=tmp_path / "redis.sock")
     store = RedisStreamCheckpointStore(url, retries=0, socket_timeout=0.5)
-    model = RecoveringChatModel(
-        model=ScriptedChatModel(scripts=[[*text("still answered"), finish()]]),
-        store=store,
-        retry_policy=RetryPolicy(sleep=lambda _s: None),
-        checkpoint_deadline=10.0,  # the store's own error, not the writer's deadline, is told
-    )
-    handler = _Events()
-    with (
-        caplog.at_level(logging.WARNING, logger="awaken_langchain"),
-        warnings.catch_warnings(record=True) as caught,
-    ):
-        warnings.simplefilter("always")
-        answer = model.invoke("q", config={"callbacks": [handler]})
-    store.close()
-    assert answer.content == "still answered"
-
-    said = [str(w.message) for w in caught if "checkpoint store failed" in str(w.message)]
-    logged = [r for r in caplog.records if "checkpoint store failed" in r.getMessage()]
-    sent = [data for name, data in handler.events if name == "awaken_checkpoint_warning"]
-    assert len(said) == len(logged) == len(sent) == 1  # each outlet got the warning
-    outlets = [said[0], logged[0].getMessage(), str(vars(logged[0])), str(sent[0])]
+    outlets = store_failure_outlets(store, caplog)
     assert [SECRET in outlet for outlet in outlets] == [False] * 4
     assert all("***" in outlet for outlet in outlets)  # where the password was
 

@@ -49,3 +49,8 @@ A_RESUME = (
     "starting after that event. The provider replays what it already generated and goes on "
     "from there, so nothing is generated twice and nothing is sent twice."
 )
+Q_LEDGER = "Please add sunglasses to my packing list."
+A_LEDGER = "I'll add them with the packing list tool."
+LEDGER_ARGS: dict[str, Any] = {"item": "sunglasses"}
+LEDGER_RESULT = "Added sunglasses to the packing list."
+A_AFTER_LEDGER = "Done: sunglasses are on your packing list, once."

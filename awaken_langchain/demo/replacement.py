@@ -98,7 +98,7 @@ class ReplacementStep(Step):
             )
             second.go()
             stage.screen.answer_follows()
-            self.worker_2_records = self._stream_to_end(stage, result, second)
+            self.worker_2_records = stream_to_end(stage, result, second)
             stage.screen.note("")
         finally:
             first.stop()
@@ -139,26 +139,6 @@ class ReplacementStep(Step):
                 return shown
         worker.process.kill()
         raise RuntimeError("worker 1 never reached the point where it is killed")
-
-    def _stream_to_end(self, stage: Stage, result: StepResult, worker: Worker) -> list[Record]:
-        records: list[Record] = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                record = worker.records.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if record is None:
-                break
-            records.append(record)
-            result.records.append({**record, "worker": 2})
-            stage.screen.record(record)
-            if record.get("type") == "error":
-                stage.screen.note(f"worker 2: {record.get('message')}", "bold red")
-        else:
-            worker.process.kill()
-        worker.process.wait(timeout=30)
-        return records
 
     def verify(self, stage: Stage, result: StepResult) -> None:
         """Check step d against the facts."""
@@ -212,3 +192,25 @@ class ReplacementStep(Step):
         )
         result.restart_tokens = estimate_tokens(shown)
         result.regenerated_tokens = estimate_tokens(max(0, shown - len(saved))) + seam
+
+
+def stream_to_end(stage: Stage, result: StepResult, worker: Worker) -> list[Record]:
+    """Show a worker's records (as worker 2's) until it exits; return them."""
+    records: list[Record] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            record = worker.records.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if record is None:
+            break
+        records.append(record)
+        result.records.append({**record, "worker": 2})
+        stage.screen.record(record)
+        if record.get("type") == "error":
+            stage.screen.note(f"worker 2: {record.get('message')}", "bold red")
+    else:
+        worker.process.kill()
+    worker.process.wait(timeout=30)
+    return records

@@ -21,13 +21,17 @@ from awaken_langchain._session import (
 )
 from awaken_langchain.demo.agent import MODEL_NAMES, build_agent
 from awaken_langchain.demo.conversation import (
+    A_AFTER_LEDGER,
     A_AFTER_TOOL,
     A_DROP,
+    A_LEDGER,
     A_RATE,
     A_REPLACE,
     A_RESUME,
     A_TOOL,
+    LEDGER_ARGS,
     Q_DROP,
+    Q_LEDGER,
     Q_RATE,
     Q_REPLACE,
     Q_RESUME,
@@ -35,6 +39,7 @@ from awaken_langchain.demo.conversation import (
     TOOL_ARGS,
 )
 from awaken_langchain.demo.drop import DropStep
+from awaken_langchain.demo.ledger_replay import LedgerReplayStep
 from awaken_langchain.demo.provider_resume import ProviderResumeStep
 from awaken_langchain.demo.rate_limit import RateLimitStep
 from awaken_langchain.demo.replacement import ReplacementStep
@@ -55,7 +60,14 @@ from awaken_langchain.testing.server import LoopbackProvider, ScriptedToolCall
 STEP_TYPES: dict[str, type[Step]] = dict(
     zip(
         STEPS,
-        (RateLimitStep, DropStep, ToolCutStep, ReplacementStep, ProviderResumeStep),
+        (
+            RateLimitStep,
+            DropStep,
+            ToolCutStep,
+            ReplacementStep,
+            ProviderResumeStep,
+            LedgerReplayStep,
+        ),
         strict=True,
     )
 )
@@ -84,6 +96,11 @@ class Demo:
                 ),
                 Q_REPLACE: Turn(A_REPLACE),
                 Q_RESUME: Turn(A_RESUME),
+                Q_LEDGER: Turn(
+                    A_LEDGER,
+                    tool_calls=(ScriptedToolCall("add_to_packing_list", LEDGER_ARGS),),
+                    after_tool=A_AFTER_LEDGER,
+                ),
             },
             chunk_size=CHUNK_SIZE,
             delay=EVENT_DELAY / settings.speed,
@@ -186,7 +203,13 @@ class Demo:
             )
         )
         if "c" in self.settings.steps:
-            calls = [c for m in self.committed if isinstance(m, AIMessage) for c in m.tool_calls]
+            calls = [
+                c
+                for m in self.committed
+                if isinstance(m, AIMessage)
+                for c in m.tool_calls
+                if c["name"] == "get_forecast"
+            ]
             self.memory_checks.append(
                 Check(
                     "memory holds one tool call, with complete arguments, answered by its result",
@@ -222,7 +245,7 @@ class Demo:
             table.add_row(
                 f"{r.step}. {step.short_title}",
                 str(len(r.requests)),
-                ", ".join(r.plans()) or "-",
+                ", ".join([*r.plans(), *r.recoveries]) or "-",
                 f"{r.waited():.2f} s",
                 str(r.regenerated_tokens),
                 str(r.restart_tokens),

@@ -15,9 +15,10 @@ from awaken_langchain._session import Agent, Record, Screen, run_turn
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.demo.agent import ToolLog
 from awaken_langchain.demo.scripted import ScriptedModel
+from awaken_langchain.ledger import is_ledger_record
 from awaken_langchain.testing.server import LoopbackProvider, RecordedRequest
 
-STEPS = ("a", "b", "c", "d", "e")
+STEPS = ("a", "b", "c", "d", "e", "f")
 """The demo's steps, in order."""
 
 FAILURES = ("retry", "continuation", "tool", "replacement")
@@ -59,6 +60,8 @@ class StepResult:
     regenerated_tokens: int = 0
     restart_tokens: int = 0
     error: str | None = None
+    recoveries: list[str] = field(default_factory=list)
+    """Recoveries outside the model calls (shown with the plans)."""
 
     def check(self, claim: str, ok: bool, detail: str = "") -> None:
         """Record a claim and its verdict."""
@@ -166,7 +169,7 @@ class Stage:
         """The checkpoint of the thread's unfinished turn, if the store holds one."""
         assert self.agent is not None
         for checkpoint in self.agent.store.list_checkpoints():
-            if checkpoint.thread_id == self.thread_id:
+            if checkpoint.thread_id == self.thread_id and not is_ledger_record(checkpoint):
                 return checkpoint
         return None
 

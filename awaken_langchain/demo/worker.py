@@ -1,4 +1,4 @@
-"""The worker processes of step d: one turn each, reported as JSON lines on standard output.
+"""The worker processes of steps d and f: one turn each, reported as JSON lines on standard output.
 
 The demo starts them as ``python -m awaken_langchain.demo`` and reads their records.
 """
@@ -36,6 +36,11 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--standby", action="store_true", help="load everything, then wait for a line on stdin"
     )
+    parser.add_argument(
+        "--hold-after-tool",
+        action="store_true",
+        help="once the packing list tool returned, report it and wait for a line on stdin",
+    )
     args = parser.parse_args(argv)
     out = sys.stdout
 
@@ -50,12 +55,17 @@ def worker_main(argv: Sequence[str] | None = None) -> int:
         if not sys.stdin.readline():
             return 1  # the demo ended without needing this worker
 
+    def hold() -> None:
+        emit({"type": "held"})
+        sys.stdin.readline()  # the demo kills this process here
+
     agent, _ = build_agent(
         args.dir,
         provider=args.provider,
         base_url=args.base_url,
         speed=args.speed,
         checkpoints=args.checkpoints,
+        hold_after_tool=hold if args.hold_after_tool else None,
     )
     try:
         if args.question is None:

@@ -80,6 +80,7 @@ is the clock; see :mod:`awaken_langchain.stores.redis`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -93,10 +94,19 @@ import threading
 import time
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     FieldsCode,
@@ -110,6 +120,9 @@ from awaken_langchain.checkpoint import (
     encode_json_string,
 )
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
+
+R = TypeVar("R")
+"""A resource kept per event loop (see `PerLoop`)."""
 
 HEAD_FORMAT = "awaken-checkpoint-head"
 """Marker stored in every head record, so foreign data is recognised as such."""
@@ -274,6 +287,22 @@ def unreadable_locator(run_id: str) -> bytes | None:
 def corrupted(run_id: str, what: str) -> StreamCheckpointError:
     """Build the error for a stored record that cannot be read back."""
     return StreamCheckpointError(f"stored checkpoint is corrupted ({what})", run_id=run_id)
+
+
+def connection_failure(
+    message: str, exc: BaseException, *, run_id: str | None, spec: str | None
+) -> StreamCheckpointError:
+    """The error for a server or network failure: ``message``, then what went wrong.
+
+    The cause's text is masked with :func:`~awaken_langchain._secrets.redact`
+    (``spec`` is the store's connection string, whose secrets are masked wherever
+    the driver quotes them); the cause is kept as ``.cause``. Raise it ``from
+    None``, so that no traceback prints the driver's unmasked message.
+    """
+    why = redact(f"{type(exc).__name__}: {str(exc).strip()}", spec=spec)
+    error = StreamCheckpointError(f"{message}: {why}", run_id=run_id)
+    error.cause = exc
+    return error
 
 
 def next_epoch(current: int, floor: int) -> int:
@@ -559,6 +588,14 @@ def new_write_id() -> str:
     up the GIL waits for a busy event loop or caller to give it back.
     """
     return f"{_write_prefix}{next(_write_numbers):x}"
+
+
+def segment_sizes(extra: Any) -> list[int] | None:
+    """The segment sizes a head's ``extra`` lists, or ``None`` if it lists none readable."""
+    sizes = extra.get("segments") if isinstance(extra, Mapping) else None
+    if not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
+        return None
+    return sizes
 
 
 def plan_append(sizes: Sequence[int], delta: int) -> tuple[int, list[int]]:
@@ -1197,6 +1234,74 @@ class DeltaCheckpointStore(StreamCheckpointStore):
             ) from exc
 
 
+class PerLoop(Generic[R]):
+    """One resource (a client, a pool) per running event loop, closed when that loop shuts down.
+
+    A resource belongs to the loop it was made on. A guard, an async generator
+    started on that loop, is finalised by ``loop.shutdown_asyncgens()``, which
+    ``asyncio.run`` and ``asyncio.Runner`` call before closing the loop, and
+    closes the resource there. Resources of loops closed without that shutdown
+    are dropped the next time one is made. So neither connections nor event
+    loops pile up however many loops use a store.
+    """
+
+    def __init__(self, close: Callable[[R], Awaitable[object]]) -> None:
+        self._close = close
+        self._made: dict[asyncio.AbstractEventLoop, tuple[R, AsyncGenerator[None, None]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._made)
+
+    async def get(self, make: Callable[[], Awaitable[R]]) -> R:
+        """The running loop's resource, made by ``make`` the first time."""
+        loop = asyncio.get_running_loop()
+        found = self._made.get(loop)
+        if found is not None:
+            return found[0]
+        for dead in [other for other in self._made if other.is_closed()]:
+            self._made.pop(dead, None)  # closed without shutdown_asyncgens
+        resource = await make()
+        guard = self._guard(loop, resource)
+        self._made[loop] = (resource, guard)
+        await anext(guard)  # runs to its first yield: registers it with the loop
+        return resource
+
+    async def aclose(self) -> None:
+        """Forget and close the running loop's resource, if it has one."""
+        found = self._made.get(asyncio.get_running_loop())
+        if found is not None:
+            await found[1].aclose()
+
+    async def _guard(
+        self, loop: asyncio.AbstractEventLoop, resource: R
+    ) -> AsyncGenerator[None, None]:
+        """Hold ``resource`` until the loop shuts its async generators down, then close it."""
+        try:
+            yield
+        finally:
+            found = self._made.get(loop)
+            if found is not None and found[0] is resource:
+                del self._made[loop]
+            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
+                await self._close(resource)
+
+
+class SegmentedCheckpointStore(DeltaCheckpointStore):
+    """A backend that keeps a run's text as segments, appended as :func:`plan_append` plans.
+
+    The head's ``extra`` lists the segment sizes (``{"segments": [...]}``); both
+    layouts are known before the head is encoded. A head whose list is unreadable
+    gets none here: the primitive reads the stored head and decides.
+    """
+
+    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
+        sizes = segment_sizes(last.extra)
+        return {} if sizes is None else {"segments": plan_append(sizes, delta)[1]}
+
+    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
+        return {"segments": [text_bytes] if text_bytes else []}
+
+
 __all__ = [
     "DeltaCheckpointStore",
     "EncodedFields",
@@ -1205,8 +1310,12 @@ __all__ = [
     "LastWrite",
     "PutPlan",
     "SIGNING_KEY_ENV",
+    "PerLoop",
+    "SegmentedCheckpointStore",
     "check_epoch",
+    "connection_failure",
     "corrupted",
+    "segment_sizes",
     "decode_head",
     "decode_text",
     "encode_text",

@@ -7,7 +7,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,10 +23,10 @@ from awaken_langchain.checkpoint import (
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
-    DeltaCheckpointStore,
     Head,
     LastWrite,
     PutPlan,
+    SegmentedCheckpointStore,
     check_epoch,
     corrupted,
     decode_head,
@@ -36,6 +36,7 @@ from awaken_langchain.stores._base import (
     next_epoch,
     plan_append,
     run_id_bytes,
+    segment_sizes,
     unreadable_id,
     unreadable_locator,
 )
@@ -449,6 +450,22 @@ class _ReadOnlyCache:
         )
         self._connection.execute("PRAGMA query_only = ON")
         self._lock = threading.RLock()  # one connection, shared by the async twins' threads
+        self._created = False
+
+    def _holds_table(self) -> bool:
+        """Whether the database has its table yet (the lock held).
+
+        A writer creates the database file, then its table: a reader that opens
+        the file in between reads an empty store, not an error.
+        """
+        if not self._created:
+            self._created = (
+                self._connection.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'Cache'"
+                ).fetchone()
+                is not None
+            )
+        return self._created
 
     def close(self) -> None:
         with self._lock:
@@ -472,6 +489,8 @@ class _ReadOnlyCache:
     def get(self, key: bytes, default: Any = None) -> Any:
         db_key, raw = self._disk.put(key)
         with self._lock:
+            if not self._holds_table():
+                return default
             row = self._connection.execute(
                 "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = ? "
                 "AND (expire_time IS NULL OR expire_time > ?)",
@@ -490,14 +509,18 @@ class _ReadOnlyCache:
 
     def key_rows(self) -> list[tuple[Any, int]]:
         with self._lock:
+            if not self._holds_table():
+                return []
             return list(self._connection.execute(_KEY_ROWS))
 
     def rows(self, keys: Sequence[bytes]) -> dict[bytes, tuple[int, Any]]:
         with self._lock:
+            if not self._holds_table():
+                return {}
             return _rows(self._connection.execute, keys)
 
 
-class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
+class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
     """Checkpoints in a diskcache directory, safe for several processes on one host.
 
     Every claim, put and delete runs in one SQLite transaction
@@ -654,12 +677,8 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
     @staticmethod
     def _segments(head: Head) -> list[int]:
         """Return the head's text segment sizes."""
-        sizes = head.extra.get("segments")
-        if (
-            not isinstance(sizes, list)
-            or not all(type(n) is int and n > 0 for n in sizes)
-            or sum(sizes) != head.text_bytes
-        ):
+        sizes = segment_sizes(head.extra)
+        if sizes is None or sum(sizes) != head.text_bytes:
             raise corrupted(head.run_id, "head has no valid segment list")
         return sizes
 
@@ -933,15 +952,6 @@ class DiskCacheStreamCheckpointStore(DeltaCheckpointStore):
         return True
 
     # -- layout known before the head is encoded -------------------------------------
-
-    def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
-        sizes = last.extra.get("segments")
-        if not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
-            return {}  # unreadable: the primitive reads the stored head and decides
-        return {"segments": plan_append(sizes, delta)[1]}
-
-    def _rewrite_layout(self, text_bytes: int) -> Mapping[str, Any]:
-        return {"segments": [text_bytes] if text_bytes else []}
 
     def _finish_put(self, plan: PutPlan, stored: Head, state: Any = None) -> None:
         """Remember a put of the general path, with what the next put needs to skip it."""

@@ -35,10 +35,9 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 try:
     import psycopg
@@ -50,6 +49,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "install them with: pip install 'awaken-langchain[postgres]'"
     ) from exc
 
+from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
     StreamCheckpoint,
@@ -58,49 +58,25 @@ from awaken_langchain.checkpoint import (
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
-    DeltaCheckpointStore,
     Head,
     LastWrite,
+    PerLoop,
+    SegmentedCheckpointStore,
     check_epoch,
+    connection_failure,
     decode_head,
     next_epoch,
     plan_append,
     run_id_bytes,
+    segment_sizes,
 )
 
-__all__ = ["SCHEMA_VERSION", "PostgresStreamCheckpointStore", "mask_postgres_dsn"]
+__all__ = ["SCHEMA_VERSION", "PostgresStreamCheckpointStore"]
 
 SCHEMA_VERSION = 1
 """The table layout this release writes; older layouts are upgraded in place."""
 
 _TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
-
-_URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/@?#]*?:)([^@/?#]*)(@)", re.IGNORECASE)
-_PARAMETER_PASSWORD = re.compile(r"""(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&#]*)""")
-
-
-def mask_postgres_dsn(dsn: str) -> str:
-    """``dsn`` with its password masked as ``***``, for messages and logs.
-
-    Handles the URL form (``postgresql://user:secret@host/db``, also with a
-    ``?password=`` parameter) and the keyword form (``host=db password=secret``,
-    also quoted).
-    """
-    masked = _URL_PASSWORD.sub(r"\1***\3", dsn)
-    return _PARAMETER_PASSWORD.sub(r"\1***", masked)
-
-
-def _dsn_passwords(dsn: str) -> list[str]:
-    """The password strings ``dsn`` holds, as they may appear in an error message."""
-    found = []
-    url = _URL_PASSWORD.match(dsn)
-    if url is not None and url.group(2):
-        found += [url.group(2), unquote(url.group(2))]
-    for match in _PARAMETER_PASSWORD.finditer(dsn):
-        value = match.group(2)
-        found += [value, value.strip("'"), unquote(value)]
-    return [secret for secret in found if len(secret) >= 4]
-
 
 _ERRORS: tuple[type[BaseException], ...] = (psycopg.Error, psycopg_pool.PoolTimeout, OSError)
 """What a database call raises when the server, network or data fails."""
@@ -131,7 +107,7 @@ def _migrations(names: dict[str, sql.Identifier]) -> list[list[sql.Composed]]:
     ]
 
 
-class PostgresStreamCheckpointStore(DeltaCheckpointStore):
+class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
     """Keeps checkpoints in PostgreSQL so that workers on several hosts can share them.
 
     Give either a ``dsn`` (the store creates, owns and closes a connection pool)
@@ -210,8 +186,7 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
         self.table = table
         self.timeout = float(timeout)
         self.dsn = dsn
-        self._where = mask_postgres_dsn(dsn) if dsn is not None else "the given connection pool"
-        self._secrets = _dsn_passwords(dsn) if dsn is not None else []
+        self._where = redact(dsn) if dsn is not None else "the given connection pool"
         self._owns_pool = pool is None
         timeout_ms = str(max(1, round(self.timeout * 1000)))
         self._session_timeouts = pool is not None
@@ -221,8 +196,7 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
             "connect_timeout": max(2, round(self.timeout)),
             "options": f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
         }
-        self._loop_pools: dict[asyncio.AbstractEventLoop, Any] = {}
-        self._loop_guards: dict[asyncio.AbstractEventLoop, AsyncGenerator[None, None]] = {}
+        self._loop_pools: PerLoop[Any] = PerLoop(lambda pool: pool.close())
         self._connect_error: BaseException | None = None
         """Why the store's own pool last failed to connect (it retries in the background)."""
         if pool is None:
@@ -342,35 +316,22 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
             conn.commit()
             self._ready = True
 
-    def _masked(self, text: str) -> str:
-        text = mask_postgres_dsn(text)
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text
-
     @contextlib.contextmanager
     def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
         """Turn database failures into ``StreamCheckpointError``: where, never the password."""
-        try:
-            yield
-        except StreamCheckpointError:
-            raise
-        except _ERRORS as exc:
-            why = f"{type(exc).__name__}: {str(exc).strip()}"
-            if isinstance(exc, psycopg_pool.PoolTimeout) and self._connect_error is not None:
-                why += f"; the last connection attempt failed: {str(self._connect_error).strip()}"
-            error = StreamCheckpointError(
-                f"PostgreSQL {action} failed at {self._where} (check that the server is up "
-                "and reachable, the DSN's database, user and password, and the user's "
-                f"privileges on the store's tables): {self._masked(why)}",
-                run_id=run_id,
-            )
-            error.cause = exc
-            raise error from None
-        except Exception as exc:
-            raise StreamCheckpointError(
-                f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
-            ) from exc
+        with super()._backend_errors(action, run_id):
+            try:
+                yield
+            except _ERRORS as exc:
+                message = (
+                    f"PostgreSQL {action} failed at {self._where} (check that the server is up "
+                    "and reachable, the DSN's database, user and password, and the user's "
+                    "privileges on the store's tables)"
+                )
+                if isinstance(exc, psycopg_pool.PoolTimeout) and self._connect_error is not None:
+                    last = redact(str(self._connect_error).strip(), spec=self.dsn)
+                    message += f"; the last connection attempt failed: {last}"
+                raise connection_failure(message, exc, run_id=run_id, spec=self.dsn) from None
 
     # -- primitives ---------------------------------------------------------------------
 
@@ -381,10 +342,28 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
     # far. The driver runs all of one generator's statements in one transaction.
 
     def _run(self, steps: _Steps[_T]) -> _T:
-        """Run ``steps`` on a pooled connection, in one transaction."""
+        """Run ``steps`` on a pooled connection, in one transaction.
+
+        A pooled connection the server closed meanwhile (it restarted, or a
+        proxy dropped idle connections) fails at its first statement, before
+        anything of the transaction ran: the pool then checks its idle
+        connections and the steps run once more on a fresh one.
+        """
+        first = next(steps)
+        used: list[Any] = []
+        try:
+            return self._run_from(steps, first, used)
+        except psycopg.OperationalError:
+            if not _stale(used):
+                raise
+        self._pool.check()
+        return self._run_from(steps, first, [])
+
+    def _run_from(self, steps: _Steps[_T], first: _Step, used: list[Any]) -> _T:
         with self._connection() as conn:
+            used.append(conn)
+            name, params = first
             try:
-                name, params = next(steps)
                 while True:
                     if name == "rollback":
                         conn.rollback()
@@ -393,6 +372,7 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
                         cursor = conn.execute(self._sql[name], params)
                         rows = cursor.fetchall() if cursor.description is not None else []
                         reply = _Reply(rows, cursor.rowcount)
+                    used.append(None)  # a statement of the steps ran: never run them again
                     name, params = steps.send(reply)
             except StopIteration as done:
                 result: _T = done.value
@@ -423,8 +403,8 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
     def _append_steps(
         self, head: Head, delta: bytes, epoch: int, expect: LastWrite
     ) -> _Steps[Head | None]:
-        sizes = _segments(expect.extra)
-        if sizes is None or _segments(head.extra) is None:
+        sizes = segment_sizes(expect.extra)
+        if sizes is None or segment_sizes(head.extra) is None:
             return None
         first, _ = plan_append(sizes, len(delta))
         key = run_id_bytes(head.run_id)
@@ -434,6 +414,8 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
         if updated.count != 1:  # someone else wrote since: the caller rewrites
             yield ("rollback", ())
             return None
+        if not delta:  # the other fields changed, the text did not: no segment to write
+            return head
         if first == len(sizes):
             yield ("add_segment", (key, first, delta))
         else:
@@ -488,13 +470,6 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
     ) -> bool:
         return self._run(self._delete_steps(run_id, epoch, condition))
 
-    def _append_layout(self, last: LastWrite, delta: int) -> dict[str, Any]:
-        sizes = _segments(last.extra)
-        return {} if sizes is None else {"segments": plan_append(sizes, delta)[1]}
-
-    def _rewrite_layout(self, text_bytes: int) -> dict[str, Any]:
-        return {"segments": [text_bytes] if text_bytes else []}
-
     def _backend_heads(self) -> Iterable[tuple[str, bytes]]:
         with self._connection() as conn:
             rows = conn.execute(self._sql["heads"]).fetchall()
@@ -505,47 +480,27 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
     async def _async_pool(self) -> Any:
         """The running loop's pool, or ``None`` to run the sync methods in a thread.
 
-        A pool the store creates belongs to one event loop and is closed when that
-        loop shuts down (a guard async generator, finalised by
-        ``loop.shutdown_asyncgens()``, which ``asyncio.run`` calls). A borrowed
-        sync pool has no async twin: its calls run in a worker thread.
+        A pool the store creates belongs to one event loop and is closed when
+        that loop shuts down (see `PerLoop`). A borrowed sync pool has no async
+        twin: its calls run in a worker thread.
         """
         if not self._owns_pool:
             return None
         if not self._ready:
             await asyncio.to_thread(self._prepare)
-        loop = asyncio.get_running_loop()
-        pool = self._loop_pools.get(loop)
-        if pool is None:
-            for dead in [other for other in self._loop_pools if other.is_closed()]:
-                self._loop_pools.pop(dead, None)
-            pool = psycopg_pool.AsyncConnectionPool(
-                self.dsn or "",
-                min_size=1,
-                max_size=self._max_connections,
-                open=False,
-                timeout=self.timeout,
-                kwargs=self._connect_kwargs,
-            )
-            self._loop_pools[loop] = pool
-            guard = self._close_at_loop_shutdown(loop, pool)
-            self._loop_guards[loop] = guard
-            await anext(guard)  # runs to its first yield: registers it with the loop
-            await pool.open(wait=False)
-        return pool
+        return await self._loop_pools.get(self._new_async_pool)
 
-    async def _close_at_loop_shutdown(
-        self, loop: asyncio.AbstractEventLoop, pool: Any
-    ) -> AsyncGenerator[None, None]:
-        """Hold ``pool`` until the loop shuts its async generators down, then close it."""
-        try:
-            yield
-        finally:
-            if self._loop_pools.get(loop) is pool:
-                del self._loop_pools[loop]
-                self._loop_guards.pop(loop, None)
-            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
-                await pool.close()
+    async def _new_async_pool(self) -> Any:
+        pool = psycopg_pool.AsyncConnectionPool(
+            self.dsn or "",
+            min_size=1,
+            max_size=self._max_connections,
+            open=False,
+            timeout=self.timeout,
+            kwargs=self._connect_kwargs,
+        )
+        await pool.open(wait=False)
+        return pool
 
     def _prepare(self) -> None:
         """Create or upgrade the tables (what the first operation of the store does)."""
@@ -554,9 +509,21 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
 
     async def _arun(self, pool: Any, steps: _Steps[_T]) -> _T:
         """Async twin of :meth:`_run`."""
+        first = next(steps)
+        used: list[Any] = []
+        try:
+            return await self._arun_from(pool, steps, first, used)
+        except psycopg.OperationalError:
+            if not _stale(used):
+                raise
+        await pool.check()
+        return await self._arun_from(pool, steps, first, [])
+
+    async def _arun_from(self, pool: Any, steps: _Steps[_T], first: _Step, used: list[Any]) -> _T:
         async with pool.connection(timeout=self.timeout) as conn:
+            used.append(conn)
+            name, params = first
             try:
-                name, params = next(steps)
                 while True:
                     if name == "rollback":
                         await conn.rollback()
@@ -565,6 +532,7 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
                         cursor = await conn.execute(self._sql[name], params)
                         rows = await cursor.fetchall() if cursor.description is not None else []
                         reply = _Reply(rows, cursor.rowcount)
+                    used.append(None)  # a statement of the steps ran: never run them again
                     name, params = steps.send(reply)
             except StopIteration as done:
                 result: _T = done.value
@@ -622,9 +590,7 @@ class PostgresStreamCheckpointStore(DeltaCheckpointStore):
 
     async def aclose(self) -> None:
         """Close the pools the store created, including this event loop's async one."""
-        guard = self._loop_guards.get(asyncio.get_running_loop())
-        if guard is not None:
-            await guard.aclose()  # forgets and closes the loop's pool
+        await self._loop_pools.aclose()  # forgets and closes the loop's pool
         self.close()
 
     async def __aenter__(self) -> PostgresStreamCheckpointStore:
@@ -651,20 +617,24 @@ class _Reply:
     count: int
 
 
-_Steps = Generator[tuple[str, tuple[Any, ...]], _Reply, _T]
+_Step = tuple[str, tuple[Any, ...]]
+"""One statement of a step: its name in ``_STATEMENTS`` and its parameters."""
+
+_Steps = Generator[_Step, _Reply, _T]
 """A primitive's statements, each sent back its :class:`_Reply` (see ``_run``)."""
+
+
+def _stale(used: list[Any]) -> bool:
+    """Whether a failed run met a connection already closed, before any of its statements ran.
+
+    ``used`` holds the connection it got, then one entry per statement that ran.
+    """
+    return len(used) == 1 and bool(getattr(used[0], "broken", False))
 
 
 def _first(reply: _Reply) -> int:
     """The first column of the first row as an int; 0 when there is no row."""
     return int(reply.rows[0][0]) if reply.rows else 0
-
-
-def _segments(extra: Any) -> list[int] | None:
-    sizes = extra.get("segments") if hasattr(extra, "get") else None
-    if not isinstance(sizes, list) or not all(type(n) is int and n > 0 for n in sizes):
-        return None
-    return sizes
 
 
 _STATEMENTS = {

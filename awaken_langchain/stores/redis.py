@@ -43,11 +43,10 @@ Values are JSON text encoded by this library; nothing is ever pickled.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -77,8 +76,10 @@ from awaken_langchain.stores._base import (
     DeltaCheckpointStore,
     Head,
     LastWrite,
+    PerLoop,
     PutPlan,
     check_epoch,
+    connection_failure,
     decode_head,
     run_id_bytes,
 )
@@ -92,6 +93,13 @@ _REDIS_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
 )
 """What a Redis call raises when the server, network or data fails."""
+
+try:  # a client of valkey (redis-py's fork, a drop-in) raises its own copies of them
+    import valkey.exceptions
+except ImportError:
+    pass
+else:
+    _REDIS_ERRORS += (valkey.exceptions.ValkeyError, valkey.exceptions.ValkeyClusterException)
 
 _SCAN_BATCH = 500
 
@@ -216,8 +224,6 @@ class _Client:
     delete: Any
     claim: Any
     adopt: Any
-    guard: AsyncGenerator[None, None] | None = None
-    """For a client the store created: what closes it when its event loop shuts down."""
 
     @classmethod
     def wrap(cls, client: Any) -> _Client:
@@ -230,11 +236,6 @@ class _Client:
             register(_CLAIM),
             register(_ADOPT),
         )
-
-
-def _redact(url: str) -> str:
-    """Return ``url`` with its secrets masked (a password in its user part or query)."""
-    return redact(url)
 
 
 def _glob_escape(text: str) -> str:
@@ -365,7 +366,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         self.prefix = prefix
         self._grace_ms = str(math.ceil(self.epoch_grace * 1000)).encode()
-        self._where = _redact(url) if url is not None else "the given Redis client"
+        self._where = redact(url) if url is not None else "the given Redis client"
         self._prefix_bytes = run_id_bytes(prefix)
         options: dict[str, Any] = {
             **connection_kwargs,
@@ -403,7 +404,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             )
         self._sync = _Client.wrap(client) if client is not None else None
         self._borrowed_async = _Client.wrap(async_client) if async_client is not None else None
-        self._loop_clients: dict[asyncio.AbstractEventLoop, _Client] = {}
+        self._loop_clients: PerLoop[_Client] = PerLoop(lambda bound: bound.client.aclose())
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> RedisStreamCheckpointStore:
@@ -445,53 +446,31 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         """Return the asyncio client for the running loop, or ``None`` to use threads.
 
         A client the store creates belongs to one event loop and is closed when
-        that loop shuts down: a guard (an async generator started on the loop)
-        is finalised by ``loop.shutdown_asyncgens()``, which ``asyncio.run`` and
-        ``asyncio.Runner`` call before closing the loop, and closes the client
-        there. Clients of loops that were closed without that shutdown are
-        dropped the next time a client is created. So neither connections nor
-        event loops pile up however many loops use the store.
+        that loop shuts down (see `PerLoop`).
         """
         if self._borrowed_async is not None:
             return self._borrowed_async
         if self.url is None:
             return None
-        loop = asyncio.get_running_loop()
-        bound = self._loop_clients.get(loop)
-        if bound is None:
-            for dead in [other for other in self._loop_clients if other.is_closed()]:
-                self._loop_clients.pop(dead, None)  # closed without shutdown_asyncgens
-            # A blocking pool: past its size, a call waits for a free connection
-            # (up to the socket timeout) instead of failing with "Too many
-            # connections", which the default pool does once more than 100
-            # turns of one event loop write at the same moment.
-            timeout = self._options.get("socket_timeout")
-            pool: Any = redis.asyncio.BlockingConnectionPool.from_url(
-                self.url,
-                max_connections=ASYNC_MAX_CONNECTIONS,
-                timeout=timeout if timeout is not None else 5.0,
-                retry=redis.asyncio.retry.Retry(self._backoff(), self._retries),
-                **self._options,
-            )
-            client = redis.asyncio.Redis(connection_pool=pool)
-            client.auto_close_connection_pool = True  # aclose() closes the pool it owns
-            bound = _Client.wrap(client)
-            bound.guard = self._close_at_loop_shutdown(loop, bound)
-            self._loop_clients[loop] = bound
-            await anext(bound.guard)  # runs to its first yield: registers it with the loop
-        return bound
+        return await self._loop_clients.get(self._new_async_client)
 
-    async def _close_at_loop_shutdown(
-        self, loop: asyncio.AbstractEventLoop, bound: _Client
-    ) -> AsyncGenerator[None, None]:
-        """Hold ``bound`` until the loop shuts its async generators down, then close it."""
-        try:
-            yield
-        finally:
-            if self._loop_clients.get(loop) is bound:
-                del self._loop_clients[loop]
-            with contextlib.suppress(Exception):  # the loop is ending: nobody to tell
-                await bound.client.aclose()
+    async def _new_async_client(self) -> _Client:
+        # A blocking pool: past its size, a call waits for a free connection
+        # (up to the socket timeout) instead of failing with "Too many
+        # connections", which the default pool does once more than 100
+        # turns of one event loop write at the same moment.
+        assert self.url is not None  # only a store with a URL makes its own clients
+        timeout = self._options.get("socket_timeout")
+        pool: Any = redis.asyncio.BlockingConnectionPool.from_url(
+            self.url,
+            max_connections=ASYNC_MAX_CONNECTIONS,
+            timeout=timeout if timeout is not None else 5.0,
+            retry=redis.asyncio.retry.Retry(self._backoff(), self._retries),
+            **self._options,
+        )
+        client = redis.asyncio.Redis(connection_pool=pool)
+        client.auto_close_connection_pool = True  # aclose() closes the pool it owns
+        return _Client.wrap(client)
 
     def _expiry_ms(self) -> bytes:
         return b"" if self.ttl is None else str(max(1, math.ceil(self.ttl * 1000))).encode()
@@ -503,12 +482,13 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
             try:
                 yield
             except _REDIS_ERRORS as exc:
-                raise StreamCheckpointError(
+                raise connection_failure(
                     f"Redis {action} failed at {self._where} (check that the server is up, "
                     "and the url, password and ssl settings of RedisStreamCheckpointStore)",
+                    exc,
                     run_id=run_id,
-                    cause=exc,
-                ) from exc
+                    spec=self.url,
+                ) from None
 
     # -- script calls, shared by the sync and async paths ---------------------------
 
@@ -770,7 +750,5 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     async def aclose(self) -> None:
         """Close the clients the store created, including this event loop's async one."""
         if self._owns_clients:
-            bound = self._loop_clients.get(asyncio.get_running_loop())
-            if bound is not None and bound.guard is not None:
-                await bound.guard.aclose()  # forgets and closes the loop's client
+            await self._loop_clients.aclose()  # forgets and closes the loop's client
         self.close()

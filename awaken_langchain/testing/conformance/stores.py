@@ -53,7 +53,7 @@ from awaken_langchain.checkpoint import (
 from awaken_langchain.errors import StreamCheckpointError, StreamCheckpointFencedError
 from awaken_langchain.stores._base import SIGNING_KEY_ENV
 
-__all__ = ["SettableClock", "StoreConformanceTests", "make_checkpoint"]
+__all__ = ["GRACE", "SettableClock", "StoreConformanceTests", "make_checkpoint", "one_turn"]
 
 MakeStore = Callable[..., StreamCheckpointStore]
 
@@ -113,9 +113,10 @@ HOSTILE_TEXTS = [
 KEY = "a signing key of 32 characters!"
 OTHER_KEY = "another key, also long enough..."
 GRACE = 60.0
+"""The stores' ``epoch_grace`` in the tests that move their clock past it (seconds)."""
 
 
-def _one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
+def one_turn(store: StreamCheckpointStore, run_id: str, *, finish: bool = True) -> int:
     """Claim, write three checkpoints and (unless abandoned) delete: one turn."""
     epoch = store.claim(run_id)
     text = ""
@@ -350,6 +351,19 @@ class StoreConformanceTests:
         got = store.get("run-1")
         assert got is not None
         assert (got.partial_text, got.retry_count) == ("same", 4)
+
+    def test_text_extended_after_a_put_with_unchanged_text_reads_back_exactly(
+        self, stores: MakeStore
+    ) -> None:
+        self._shared()
+        store = stores()
+        store.put(make_checkpoint(text="same"))
+        store.put(make_checkpoint(text="same", retry_count=1))  # a tool call, no new text
+        store.put(make_checkpoint(text="same, and more"))
+        store.put(make_checkpoint(text="same, and more", retry_count=2))
+        store.put(make_checkpoint(text="same, and more text"))
+        assert _text_of(store.get("run-1")) == "same, and more text"
+        assert _text_of(stores().get("run-1")) == "same, and more text"
 
     def test_delta_put_never_splices_onto_another_writers_text(self, stores: MakeStore) -> None:
         self._shared()
@@ -633,16 +647,29 @@ class StoreConformanceTests:
         assert got is not None
         assert (got.partial_text, got.epoch) == ("a turn that streams for long", epoch)
 
-    def test_epoch_record_fences_unfenced_writers_for_the_grace_period(
+    def test_the_epoch_record_of_a_claim_without_a_checkpoint_fences_for_the_grace_period(
         self, stores: MakeStore, clock: SettableClock
     ) -> None:
         store = stores(ttl=1, clock=clock, epoch_grace=GRACE)
-        epoch = _one_turn(store, "run-1")
+        epoch = store.claim("run-1")  # its owner may still be on its way to the first write
         self._pass_time(store, clock, GRACE - 1)
         store.gc()
         with pytest.raises(StreamCheckpointFencedError):
             store.put(make_checkpoint(text="an unfenced writer", epoch=0))
         assert store.claim("run-1") > epoch
+
+    def test_a_stale_writer_is_fenced_once_the_new_owner_has_ended_the_run(
+        self, store: StreamCheckpointStore
+    ) -> None:
+        stale = store.claim("run-1")  # a writer that stalls, holding its epoch
+        store.put(make_checkpoint(text="stale owner", epoch=stale))
+        newer = one_turn(store, "run-1")  # another process takes over and finishes the turn
+        with pytest.raises(StreamCheckpointFencedError):
+            store.put(make_checkpoint(text="stale owner wakes up", epoch=stale))
+        with pytest.raises(StreamCheckpointFencedError):
+            store.delete("run-1", epoch=stale)
+        assert store.get("run-1") is None
+        assert store.claim("run-1") > newer
 
     def test_stale_writer_is_refused_after_the_grace_period(
         self, stores: MakeStore, clock: SettableClock
@@ -650,7 +677,7 @@ class StoreConformanceTests:
         store = stores(ttl=1, clock=clock, epoch_grace=GRACE)
         stale = store.claim("run-1")  # a writer that stalls, holding its epoch
         store.put(make_checkpoint(text="stale owner", epoch=stale))
-        newer = _one_turn(store, "run-1")  # another process takes over and finishes
+        newer = one_turn(store, "run-1")  # another process takes over and finishes
         self._pass_time(store, clock, GRACE + 2)
         store.gc()
         with pytest.raises(StreamCheckpointError):

@@ -1,4 +1,4 @@
-"""One process of the multi-host fencing test (run by tests/test_redis_store.py).
+"""One process of the multi-host fencing test (run by tests/test_process_fencing.py).
 
 The process drives every one of the shared runs at once: it claims a run, then
 repeatedly reads the stored text and writes it back with one more segment
@@ -7,11 +7,12 @@ times, so this process keeps writing with epochs that have gone stale: those
 writes must be refused. Because every accepted write extends the text it read,
 the final text is the history of every write that landed.
 
-Usage: ``python redis_fencing_worker.py URL PREFIX WORKER WORKERS RUNS ROUNDS MODE``
-where MODE is ``async`` (one task per run on redis.asyncio) or ``threads`` (the
-sync API from a thread pool). The workers start together (a barrier on a Redis
-counter), so their claims overlap. Prints one JSON object: claims, accepted and
-fenced writes.
+Usage: ``python fencing_worker.py KIND ADDRESS LOCATION WORKER WORKERS RUNS ROUNDS MODE``
+where KIND, ADDRESS and LOCATION name the store (see ``store_kinds.py``) and
+MODE is ``async`` (one task per run on the store's async methods) or
+``threads`` (the sync API from a thread pool). The workers start together (a
+barrier of files in LOCATION), so their claims overlap. Prints one JSON object:
+claims, accepted and fenced writes.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-import redis
+from store_kinds import open_store
 
-from awaken_langchain.checkpoint import StreamCheckpoint
+from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
 from awaken_langchain.errors import StreamCheckpointFencedError
-from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 
 
 class Log:
@@ -48,7 +49,7 @@ def segment(epoch: int, worker: int, round_: int, step: int) -> str:
 
 
 async def drive_async(
-    store: RedisStreamCheckpointStore,
+    store: StreamCheckpointStore,
     run_id: str,
     worker: int,
     rounds: int,
@@ -72,7 +73,7 @@ async def drive_async(
 
 
 async def zombie_write_async(
-    store: RedisStreamCheckpointStore, run_id: str, worker: int, rounds: int, log: Log
+    store: StreamCheckpointStore, run_id: str, worker: int, rounds: int, log: Log
 ) -> None:
     """Write once more with this worker's first epoch, which its own later claim made stale.
 
@@ -91,7 +92,7 @@ async def zombie_write_async(
 
 
 def drive_sync(
-    store: RedisStreamCheckpointStore,
+    store: StreamCheckpointStore,
     run_id: str,
     worker: int,
     rounds: int,
@@ -128,7 +129,7 @@ def drive_sync(
             log.accepted.append([run_id, segment(first, worker, rounds, 0)])
 
 
-async def main_async(store: RedisStreamCheckpointStore, worker: int, runs: int, rounds: int) -> Log:
+async def main_async(store: StreamCheckpointStore, worker: int, runs: int, rounds: int) -> Log:
     log = Log()
     await asyncio.gather(
         *(
@@ -136,18 +137,22 @@ async def main_async(store: RedisStreamCheckpointStore, worker: int, runs: int, 
             for i in range(runs)
         )
     )
-    await store.aclose()
+    aclose = getattr(store, "aclose", None)
+    if aclose is not None:  # the clients of this event loop, before it ends
+        await aclose()
     return log
 
 
 def main() -> None:
-    url, prefix, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:8]
+    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:9]
     worker, runs, rounds = int(worker_s), int(runs_s), int(rounds_s)
-    store = RedisStreamCheckpointStore(url, prefix=prefix)
-    with redis.Redis.from_url(url) as barrier:
-        barrier.incr(f"{prefix}:ready")
-        while int(barrier.get(f"{prefix}:ready") or 0) < int(workers_s):
-            time.sleep(0.005)
+    store = open_store(kind, location, address)  # type: ignore[arg-type]
+    store.list_run_ids()  # connected (and a new database's tables made) before the start
+    barrier = Path(location) / "ready"
+    barrier.mkdir(parents=True, exist_ok=True)
+    (barrier / str(worker)).touch()
+    while len(list(barrier.iterdir())) < int(workers_s):
+        time.sleep(0.005)
     if mode == "async":
         log = asyncio.run(main_async(store, worker, runs, rounds))
     else:
