@@ -2,8 +2,10 @@
 
 Every turn a `RecoveringChatModel` with a ``store`` runs gets a `Tap`: the
 stream's thread only appends what it yields (chunks, recovery reports) to the
-tap's list. One daemon thread per process, the `Publisher`, turns them into
-events and appends them to the run's log in the store:
+tap's list. Each store has its own `Publisher`, a daemon thread that runs while
+the store has turns in flight (a store that hangs delays only its own runs'
+events): it turns what the taps hold into events and appends them to the
+run's log in the store:
 
 - while nobody follows the run, at most every `QUIET_EVERY` seconds (the
   checkpoint cadence: a reader who attaches later replays the log);
@@ -11,9 +13,11 @@ events and appends them to the run's log in the store:
 - the final event (``completed``, ``failed`` or ``stopped``) is written by the
   turn itself before it returns.
 
-Every `CHECK_EVERY` seconds the publisher also asks the store whether the run
-is followed and whether a stop was requested, so a stop reaches the turn within
-that interval plus the wait for the provider's next chunk.
+Every `CHECK_EVERY` seconds the publisher also asks the store, in one round
+for all the store's runs in flight, which are followed and which were asked to
+stop, so a stop reaches the turn within that interval plus the wait for the
+provider's next chunk. When the store's last run ends the thread exits and
+releases its connection (Redis).
 
 Events are JSON objects ``{"type": ..., "data": {...}}``; a run's n-th event has
 offset ``n`` (1-based). The log backends:
@@ -72,6 +76,8 @@ END_DEADLINE = 0.5
 KEEP_FOR = 3600.0
 """Seconds a finished run's log stays readable (Redis, in-process); local log files
 untouched this long are removed."""
+IDLE_EXIT = 5.0
+"""Seconds a store's idle publisher thread waits for a new run before it exits."""
 SWEEP_EVERY = 60.0
 """Seconds between a process's sweeps of old log files (local stores), made as a run ends."""
 
@@ -86,6 +92,17 @@ class RunLog(ABC):
     """Seconds between a follower's reads, or ``None`` when the log wakes followers."""
     quick: bool = False
     """Appends only update this process's memory: a turn writes its final event itself."""
+
+    @property
+    def publisher(self) -> Publisher:
+        """The thread that writes this log for the turns of this process."""
+        found: Publisher | None = self.__dict__.get("_publisher")
+        if found is None:
+            with _LOGS_LOCK:
+                found = self.__dict__.get("_publisher")
+                if found is None:
+                    found = self.__dict__["_publisher"] = Publisher(self)
+        return found
 
     @abstractmethod
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
@@ -110,6 +127,13 @@ class RunLog(ABC):
     def tail(self, run_id: str) -> Tail:
         """What a follower waits on between reads."""
         return _PollingTail(self, run_id)
+
+    def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+        """For each run: (followed now, stop requested); one round trip where the store allows."""
+        return [(self.followed(run), self.stop_requested(run)) for run in run_ids]
+
+    def release(self) -> None:  # noqa: B027 - optional hook
+        """The store's publisher has no run left: let go of what it holds (a connection)."""
 
     def finished(self, run_id: str) -> None:  # noqa: B027 - optional hook
         """The run's final event is written (a backend can start its expiry)."""
@@ -375,6 +399,8 @@ class RedisRunLog(RunLog):
     def __init__(self, store: Any) -> None:
         self._store = store
         self._script: Any = None
+        self._own: Any = None
+        """The publisher's client: its own connection, closed when the store's runs end."""
 
     def _key(self, run_id: str, suffix: bytes) -> bytes:
         return bytes(self._store._prefix_bytes + b":{" + run_id_bytes(run_id) + b"}:" + suffix)
@@ -383,10 +409,41 @@ class RedisRunLog(RunLog):
     def _redis(self) -> Any:
         return self._store._client().client
 
+    @property
+    def _publishing(self) -> Any:
+        """The publisher thread's client (the only thread that writes the logs of a Redis store)."""
+        if self._own is None:
+            shared = self._redis
+            pool = getattr(shared, "connection_pool", None)
+            if pool is None or not hasattr(pool, "connection_kwargs"):  # a cluster client
+                return shared
+            own_pool = type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs)
+            self._own = type(shared)(connection_pool=own_pool)
+            self._script = self._own.register_script(_APPEND)
+        return self._own
+
+    def release(self) -> None:
+        own, self._own = self._own, None
+        if own is not None:
+            own.connection_pool.disconnect()
+            self._script = None
+
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        client = self._publishing
         if self._script is None:
-            self._script = self._redis.register_script(_APPEND)
+            self._script = client.register_script(_APPEND)
         return int(self._script(keys=[self._key(run_id, b"events")], args=list(events)))
+
+    def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+        pipe = self._publishing.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.pubsub_numsub(self._key(run_id, b"events"))
+            pipe.exists(self._key(run_id, b"stop"))
+        answers = pipe.execute()
+        return [
+            (bool(counts and counts[0][1]), bool(stop))
+            for counts, stop in zip(answers[::2], answers[1::2], strict=True)
+        ]
 
     def read(self, run_id: str, after: int) -> list[bytes] | None:
         found = self._redis.lrange(self._key(run_id, b"events"), after, -1)
@@ -410,7 +467,7 @@ class RedisRunLog(RunLog):
         return _RedisTail(self._redis, self._key(run_id, b"events"))
 
     def finished(self, run_id: str) -> None:
-        pipe = self._redis.pipeline(transaction=False)
+        pipe = self._publishing.pipeline(transaction=False)
         pipe.expire(self._key(run_id, b"events"), int(KEEP_FOR))
         pipe.delete(self._key(run_id, b"stop"))
         pipe.execute()
@@ -569,7 +626,6 @@ class Tap:
         "followed",
         "landed",
         "log",
-        "next_check",
         "next_flush",
         "pending",
         "run_id",
@@ -586,7 +642,6 @@ class Tap:
         self.failing = False
         self.final: bytes | None = None
         self.landed = threading.Event()
-        self.next_check = 0.0
         self.next_flush = 0.0
         self._lock = threading.Lock()
         self._skip = [0]
@@ -652,7 +707,7 @@ class Tap:
         process that resumes the run.
         """
         self.ended = True
-        PUBLISHER.wake()
+        self.log.publisher.wake()
 
     def end(self, kind: str, data: dict[str, Any]) -> None:
         """Write the run's final event before the turn returns, waiting `END_DEADLINE` at most.
@@ -663,10 +718,10 @@ class Tap:
         self.final = encode_event(kind, data)
         self.ended = True
         if self.log.quick:
-            PUBLISHER.remove(self)
+            self.log.publisher.remove(self)
             self.flush(self.final)
             return
-        PUBLISHER.wake()
+        self.log.publisher.wake()
         if not self.landed.wait(END_DEADLINE):
             logger.warning(
                 "the final event of run %r was not written within %s s; followers see it late",
@@ -681,18 +736,25 @@ def message_data(message: AIMessage) -> dict[str, Any]:
 
 
 class Publisher:
-    """One thread per process that moves the turns' taps into their logs."""
+    """The thread that moves one store's taps into their logs.
 
-    def __init__(self) -> None:
+    Each store has its own, so a store that hangs (a frozen server, a socket
+    waiting out its timeout) delays the events of its own runs only. The
+    thread starts with the store's first run in flight and exits, releasing
+    what its log holds, when the last one has ended.
+    """
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
         self._taps: list[Tap] = []
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._next_check = 0.0
 
     def add(self, tap: Tap) -> None:
         with self._wake:
             self._taps.append(tap)
-            thread = self._thread
-            if thread is None or not thread.is_alive() or thread.ident is None:
+            if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name="awaken-run-log", daemon=True
                 )
@@ -710,36 +772,52 @@ class Publisher:
     def _loop(self) -> None:
         while True:
             with self._wake:
-                self._wake.wait_for(lambda: bool(self._taps))
+                if not self._taps:  # the store's last run ended: nothing is held meanwhile
+                    with contextlib.suppress(Exception):
+                        self.log.release()
+                    if not self._wake.wait_for(lambda: bool(self._taps), IDLE_EXIT):
+                        self._thread = None
+                        return
                 taps = list(self._taps)
-            any_followed = False
+            now = time.monotonic()
+            if now >= self._next_check:
+                self._next_check = now + CHECK_EVERY
+                self._check(taps)
             for tap in taps:
                 try:
-                    self._serve(tap, time.monotonic())
+                    self._serve(tap, now)
                 except Exception:  # the publisher never dies
                     logger.exception("event log of %r: publishing failed", tap.run_id)
-                any_followed = any_followed or tap.followed
             with self._wake:  # a turn that ends wakes the thread
-                self._wake.wait(LIVE_EVERY if any_followed else CHECK_EVERY / 2)
+                if self._taps:
+                    live = any(tap.followed for tap in self._taps)
+                    self._wake.wait(LIVE_EVERY if live else CHECK_EVERY / 2)
 
-    @staticmethod
-    def _serve(tap: Tap, now: float) -> None:
-        if now >= tap.next_check:
-            tap.next_check = now + CHECK_EVERY
-            tap.followed = tap.log.followed(tap.run_id)
-            if tap.log.stop_requested(tap.run_id):
+    def _check(self, taps: list[Tap]) -> None:
+        """Ask the store, once for all its runs in flight: followed? stop requested?"""
+        try:
+            answers = self.log.check([tap.run_id for tap in taps])
+        except Exception as exc:  # a failing store never fails the turns
+            logger.debug("could not check the runs' followers and stops: %s", exc)
+            return
+        for tap, (followed, stop) in zip(taps, answers, strict=True):
+            tap.followed = followed
+            if stop:
                 tap.stopping = True
+
+    def _serve(self, tap: Tap, now: float) -> None:
         if tap.ended:  # finished, or abandoned by its caller
-            PUBLISHER.remove(tap)
             tap.flush(tap.final)
+            self.remove(tap)
+            with self._wake:
+                if not self._taps:  # released before the turn returns
+                    with contextlib.suppress(Exception):
+                        self.log.release()
             tap.landed.set()
             return
         if tap.pending and (tap.followed or now >= tap.next_flush):
             tap.next_flush = now + QUIET_EVERY
             tap.flush()
-
-
-PUBLISHER = Publisher()
 
 
 def open_tap(store: StreamCheckpointStore, run_id: str) -> Tap | None:
@@ -750,7 +828,7 @@ def open_tap(store: StreamCheckpointStore, run_id: str) -> Tap | None:
         return None
     tap = Tap(log, run_id)
     tap.add(_STARTED)
-    PUBLISHER.add(tap)
+    log.publisher.add(tap)
     return tap
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -423,3 +424,46 @@ def test_finished_runs_logs_end(
     with pytest.raises(UnknownRunError):
         follow(store, first)
     assert list(follow(store, second))[-1].type == "completed"
+
+
+def test_a_frozen_store_does_not_delay_the_final_event_of_another_stores_runs(
+    server: LoopbackProvider, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+
+    frozen = RedisServer(tmp_path / "frozen")
+    frozen.start()
+    assert frozen.process is not None
+    sick = RedisStreamCheckpointStore(frozen.url, prefix=unique_prefix())
+    healthy = RedisStreamCheckpointStore(redis_server.url, prefix=unique_prefix())
+    server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.01))  # about 2 s
+    sick_run = str(uuid.uuid4())
+    sick_turn = threading.Thread(
+        target=lambda: list(wrapped(server, sick).stream("Hi", config={"run_id": sick_run})),
+        daemon=True,
+    )
+    try:
+        sick_turn.start()
+        first = next(iter(wait_for_run(sick, sick_run)))  # its publisher is at work
+        assert first.type == "started"
+        frozen.process.send_signal(signal.SIGSTOP)
+        time.sleep(2 * _runlog.CHECK_EVERY)  # its next store call waits out the socket timeout
+
+        run_id = str(uuid.uuid4())
+        reader = Reader(healthy, run_id)
+        reader.start()
+        started = time.monotonic()
+        chunks = list(wrapped(server, healthy).stream("Hi", config={"run_id": run_id}))
+        returned = time.monotonic()
+        reader.join(10)
+    finally:
+        frozen.process.send_signal(signal.SIGCONT)
+        sick_turn.join(30)
+        sick.close()
+        healthy.close()
+        frozen.stop()
+    assert reader.events[-1].type == "completed"
+    assert reader.text == merged(chunks).text == ANSWER
+    assert returned - started < 2.0
+    # the final event was written before the turn returned, not after the frozen store's timeout
+    assert reader.arrived[-1] - returned < 0.5
