@@ -64,7 +64,11 @@ LIVE_EVERY = 0.005
 QUIET_EVERY = 0.25
 """Seconds between appends of a run nobody follows (the checkpoint cadence)."""
 CHECK_EVERY = 0.1
-"""Seconds between the publisher's questions to the store: followed? stop requested?"""
+"""Seconds between the publisher's questions to the store (followed? stop requested?)
+while one of its runs is followed; otherwise it asks when a checkpoint wakes it."""
+QUIET_WAIT = 1.0
+"""Seconds the publisher sleeps, at most, while nobody follows its store's runs: a turn's
+checkpoints (every `QUIET_EVERY` at most) wake it sooner."""
 WATCH_FOR = 2.0
 """Seconds a follower's mark lasts (local stores); followers renew it every `RENEW_EVERY`."""
 RENEW_EVERY = 0.5
@@ -558,55 +562,58 @@ def encode_event(kind: str, data: dict[str, Any]) -> bytes:
     return json.dumps({"type": kind, "data": data}, ensure_ascii=False, default=str).encode()
 
 
-def _chunk_events(chunk: BaseMessageChunk, skip: list[int]) -> list[bytes]:
-    """The events of one chunk the turn yielded (whole tool calls only, as the turn yields them)."""
-    events: list[bytes] = []
-    replayed = bool((chunk.response_metadata.get("awaken") or {}).get("replayed"))
+def _chunk_items(chunk: BaseMessageChunk, skip: list[int], into: list[str | bytes]) -> None:
+    """Add to ``into`` what one yielded chunk shows readers: its text (``str``) and its events.
+
+    Whole tool calls only, as the turn yields them. Text is kept as ``str`` so
+    that consecutive text becomes one event, encoded once.
+    """
     content = chunk.content
-    blocks: list[Any] = [content] if isinstance(content, str) else list(content)
-    for block in blocks:
-        if isinstance(block, str):
-            text = block
-        elif isinstance(block, dict) and block.get("type") == "text":
-            text = str(block.get("text") or "")
-        elif isinstance(block, dict):
-            kind = "reasoning" if block.get("type") in ("thinking", "reasoning") else "block"
-            events.append(encode_event(kind, {"block": block}))
-            continue
-        else:
-            continue
-        if replayed and skip[0]:  # followers saw this text from the process before
-            cut = min(skip[0], len(text))
-            skip[0] -= cut
-            text = text[cut:]
-        if text:
-            events.append(encode_event("text", {"text": text}))
+    if isinstance(content, str) and not skip[0]:  # the common chunk: text and nothing more
+        if content:
+            into.append(content)
+    else:
+        blocks: list[Any] = [content] if isinstance(content, str) else list(content)
+        for block in blocks:
+            if isinstance(block, str):
+                text = block
+            elif isinstance(block, dict) and block.get("type") == "text":
+                text = str(block.get("text") or "")
+            elif isinstance(block, dict):
+                kind = "reasoning" if block.get("type") in ("thinking", "reasoning") else "block"
+                into.append(encode_event(kind, {"block": block}))
+                continue
+            else:
+                continue
+            if skip[0]:  # followers saw this text from the process before
+                cut = min(skip[0], len(text))
+                skip[0] -= cut
+                text = text[cut:]
+            if text:
+                into.append(text)
     for call in getattr(chunk, "tool_call_chunks", ()):
         try:
             args = json.loads(call.get("args") or "{}")
         except ValueError:
             continue  # the turn yields only whole calls; anything else is not a call to run
         data = {"id": call.get("id"), "name": call.get("name"), "args": args}
-        events.append(encode_event("tool_call", {**data, "executable": True}))
-    return events
+        into.append(encode_event("tool_call", {**data, "executable": True}))
 
 
-_TEXT_PREFIX = b'{"type": "text", "data": {"text": '
-
-
-def _merged_text(events: list[bytes]) -> list[bytes]:
-    """Consecutive text events of one append as one event (fewer offsets, less to store)."""
+def _merged_text(items: list[str | bytes]) -> list[bytes]:
+    """Consecutive text as one event (fewer offsets, less to store, one encoding)."""
     merged: list[bytes] = []
     texts: list[str] = []
-    for event in [*events, b""]:
-        if event.startswith(_TEXT_PREFIX):
-            texts.append(json.loads(event)["data"]["text"])
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
             continue
         if texts:
             merged.append(encode_event("text", {"text": "".join(texts)}))
             texts = []
-        if event:
-            merged.append(event)
+        merged.append(item)
+    if texts:
+        merged.append(encode_event("text", {"text": "".join(texts)}))
     return merged
 
 
@@ -627,6 +634,7 @@ class Tap:
         "landed",
         "log",
         "next_flush",
+        "next_wake",
         "pending",
         "run_id",
         "stopping",
@@ -643,6 +651,7 @@ class Tap:
         self.final: bytes | None = None
         self.landed = threading.Event()
         self.next_flush = 0.0
+        self.next_wake = 0.0
         self._lock = threading.Lock()
         self._skip = [0]
 
@@ -650,29 +659,37 @@ class Tap:
         """Queue a yielded chunk or a recovery report (the stream's only cost)."""
         self.pending.append(item)
 
+    def due(self) -> None:
+        """A checkpoint of the turn is due: the publisher's quiet round rides on it.
+
+        While nobody follows the store's runs the publisher keeps no timer of
+        its own: it wakes here, at most every `QUIET_EVERY` seconds, to ask
+        the store about followers and stops and to append what the turn yielded.
+        """
+        now = time.monotonic()
+        if now >= self.next_wake:
+            self.next_wake = now + QUIET_EVERY
+            self.log.publisher.wake()
+
     def skip_replayed(self, chars: int) -> None:
         """Text that followers already saw: a replacement process replays it, unpublished."""
         self._skip[0] = chars
 
     def _events(self, items: list[Any]) -> list[bytes]:
-        return _merged_text(self._each_event(items))
-
-    def _each_event(self, items: list[Any]) -> list[bytes]:
-        events: list[bytes] = []
+        found: list[str | bytes] = []
         for item in items:
-            if item is _STARTED:
-                events.append(encode_event("started", {"pid": os.getpid()}))
-                continue
             if isinstance(item, ChatGenerationChunk):
                 item = item.message
             if isinstance(item, BaseMessageChunk):
-                events.extend(_chunk_events(item, self._skip))
+                _chunk_items(item, self._skip, found)
+            elif item is _STARTED:
+                found.append(encode_event("started", {"pid": os.getpid()}))
             else:  # a recovery report
                 data = {"event": item.event.value, "data": item.data}
                 if item.message:
                     data["message"] = item.message
-                events.append(encode_event("recovery", data))
-        return events
+                found.append(encode_event("recovery", data))
+        return _merged_text(found)
 
     def flush(self, final: bytes | None = None) -> None:
         """Append what is queued (and the final event) to the log."""
@@ -780,7 +797,7 @@ class Publisher:
                         return
                 taps = list(self._taps)
             now = time.monotonic()
-            if now >= self._next_check:
+            if now >= self._next_check:  # woken by a checkpoint, a new turn, or live
                 self._next_check = now + CHECK_EVERY
                 self._check(taps)
             for tap in taps:
@@ -791,7 +808,7 @@ class Publisher:
             with self._wake:  # a turn that ends wakes the thread
                 if self._taps:
                     live = any(tap.followed for tap in self._taps)
-                    self._wake.wait(LIVE_EVERY if live else CHECK_EVERY / 2)
+                    self._wake.wait(LIVE_EVERY if live else QUIET_WAIT)
 
     def _check(self, taps: list[Tap]) -> None:
         """Ask the store, once for all its runs in flight: followed? stop requested?"""
@@ -816,7 +833,7 @@ class Publisher:
             tap.landed.set()
             return
         if tap.pending and (tap.followed or now >= tap.next_flush):
-            tap.next_flush = now + QUIET_EVERY
+            tap.next_flush = now + QUIET_EVERY - LIVE_EVERY  # a checkpoint's wake finds it due
             tap.flush()
 
 

@@ -858,6 +858,8 @@ class RecoveringChatModel(BaseChatModel):
                             if due:
                                 for report in self._hand_over(engine, engine.snapshot()):
                                     reporter.report(report)
+                                if tap is not None:
+                                    tap.due()
                             if tap is not None and tap.stopping:
                                 stopping = True
                                 break
@@ -1074,6 +1076,8 @@ class RecoveringChatModel(BaseChatModel):
                             if due:
                                 for report in self._ahand_over(engine, engine.snapshot()):
                                     await reporter.areport(report)
+                                if tap is not None:
+                                    tap.due()
                             if tap is not None and tap.stopping:
                                 stopping = True
                                 break
