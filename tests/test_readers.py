@@ -467,3 +467,55 @@ def test_a_frozen_store_does_not_delay_the_final_event_of_another_stores_runs(
     assert reader.text == merged(chunks).text == ANSWER
     assert returned - started < 2.5
     assert reader.arrived[-1] - returned < 1.0, "the final event came after the turn returned"
+
+
+def test_followers_of_a_producer_killed_mid_answer_read_the_replacements_answer_once(
+    server: LoopbackProvider, shared_spec: list[str], tmp_path: Path
+) -> None:
+    answer = ANSWER * 2
+    # The first producer gets 53 events, then the provider stalls: the log (followed, live)
+    # holds text its last checkpoint (every 8 chunks) does not; then it is killed.
+    server.enqueue(
+        Scenario(text=answer, chunk_size=5, delay=0.002, fault=Fault.stall(120, after_events=53))
+    )
+    server.default = continuation_responder(Scenario(text=answer, chunk_size=5, delay=0.002))
+    run_id = str(uuid.uuid4())
+    spec = json.dumps(shared_spec)
+    url = server.base_url_openai
+    producer = child("produce", spec, url, run_id, str(tmp_path / "killed.json"))
+    early = child("follow", spec, run_id, "1", str(tmp_path / "early.json"))
+    with open_store(shared_spec, reader=True) as store:
+        watching = Reader(store, run_id)
+        watching.start()
+        log = _runlog.run_log(store)
+        published, deadline = 0, time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the stalled producer published it all
+            time.sleep(0.3)
+            now = _runlog.published_text(log, run_id)
+            if now and now == published:
+                break
+            published = now
+        producer.kill()
+        producer.wait()
+        late = child("follow", spec, run_id, "2", str(tmp_path / "late.json"))
+        replacement = child("produce", spec, url, run_id, str(tmp_path / "produced.json"))
+        try:
+            assert replacement.wait(60) == 0
+            assert early.wait(60) == 0
+            assert late.wait(60) == 0
+        finally:
+            for process in (replacement, early, late):
+                process.kill()
+                process.wait()
+        watching.join(10)
+
+    final = json.loads((tmp_path / "produced.json").read_text())["text"]
+    assert final == answer
+    assert 0 < published < len(answer)
+    assert len(server.requests) == 2  # the replacement continued from the checkpoint
+    assert watching.events[-1].type == "completed"
+    assert watching.text == final  # the stretch past the checkpoint is not shown twice
+    assert [e.offset for e in watching.events] == list(range(1, len(watching.events) + 1))
+    for name in ("early", "late"):
+        seen = json.loads((tmp_path / f"{name}.json").read_text())
+        assert (seen["final"], seen["text"]) == ("completed", final), name
