@@ -46,7 +46,7 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -629,6 +629,7 @@ class Tap:
         "_skip",
         "ended",
         "failing",
+        "fenced",
         "final",
         "followed",
         "landed",
@@ -640,7 +641,10 @@ class Tap:
         "stopping",
     )
 
-    def __init__(self, log: RunLog, run_id: str) -> None:
+    def __init__(
+        self, log: RunLog, run_id: str, fenced: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.fenced = fenced
         self.log = log
         self.run_id = run_id
         self.pending: deque[Any] = deque()
@@ -698,6 +702,8 @@ class Tap:
             pending = self.pending
             while pending:  # appends from the stream's thread go on meanwhile
                 items.append(pending.popleft())
+            if self.fenced():  # the run's new owner writes its log now
+                return
             events = self._events(items)
             if final is not None:
                 events.append(final)
@@ -837,13 +843,19 @@ class Publisher:
             tap.flush()
 
 
-def open_tap(store: StreamCheckpointStore, run_id: str) -> Tap | None:
-    """A tap for a turn of ``store``'s run, or ``None`` if the store keeps no event logs."""
+def open_tap(
+    store: StreamCheckpointStore, run_id: str, fenced: Callable[[], bool] = lambda: False
+) -> Tap | None:
+    """A tap for a turn of ``store``'s run, or ``None`` if the store keeps no event logs.
+
+    ``fenced`` tells whether a newer owner (a replacement process) claimed the
+    run: from then on the turn writes nothing more to the run's log.
+    """
     try:
         log = run_log(store)
     except TypeError:
         return None
-    tap = Tap(log, run_id)
+    tap = Tap(log, run_id, fenced)
     tap.add(_STARTED)
     log.publisher.add(tap)
     return tap

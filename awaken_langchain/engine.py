@@ -177,6 +177,8 @@ class TurnEngine:
         self.kept = False
         self.stopped = False
         """Someone asked the run to stop; the turn ended with what it had."""
+        self.fenced = False
+        """A newer owner claimed the run: this turn no longer speaks for it (nor to its readers)."""
         self.provider = ProviderStream() if settings.provider_resume else None
         """The turn's background response at the provider, with provider resume."""
         self._reread = 0
@@ -664,6 +666,7 @@ class TurnEngine:
             self.kept = False
         if isinstance(exc, StreamCheckpointFencedError):
             self.checkpointing = False
+            self.fenced = True
             message = f"fenced out of run {self.key!r}; stopped checkpointing this turn: {exc}"
             return [warning(RecoveryEvent.CHECKPOINT_WARNING, self.key, message)]
         if self.store_failing:

@@ -895,7 +895,7 @@ class RecoveringChatModel(BaseChatModel):
         store = self.store
         if store is None:
             return None
-        return open_tap(store, engine.key)
+        return open_tap(store, engine.key, lambda: engine.fenced)
 
     def _open(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         store = self.store

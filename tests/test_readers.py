@@ -519,3 +519,34 @@ def test_followers_of_a_producer_killed_mid_answer_read_the_replacements_answer_
     for name in ("early", "late"):
         seen = json.loads((tmp_path / f"{name}.json").read_text())
         assert (seen["final"], seen["text"]) == ("completed", final), name
+
+
+def test_a_producer_fenced_out_by_a_replacement_stops_writing_the_runs_log(
+    server: LoopbackProvider, shared_spec: list[str], tmp_path: Path
+) -> None:
+    server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.01))  # about 2 s
+    server.default = continuation_responder(Scenario(text=ANSWER, chunk_size=4, delay=0.01))
+    run_id = str(uuid.uuid4())
+    spec = json.dumps(shared_spec)
+    first = child("produce", spec, server.base_url_openai, run_id, str(tmp_path / "old.json"))
+    try:
+        with open_store(shared_spec) as store:
+            log = _runlog.run_log(store)
+            deadline = time.monotonic() + 30
+            while _runlog.published_text(log, run_id) < 100 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # this process resumes the run from its checkpoint while the first still streams
+            config: Any = {"run_id": uuid.UUID(run_id)}
+            new = merged(list(wrapped(server, store).stream("Tell me a long story", config=config)))
+            assert first.wait(30) == 0
+            events = list(_runlog.iter_events(log.read(run_id, 0) or []))
+    finally:
+        first.kill()
+        first.wait()
+
+    assert new.text == ANSWER
+    assert len(server.requests) == 2
+    finals = [event for event in events if event["type"] in _runlog.FINAL_TYPES]
+    assert len(finals) == 1, [e["type"] for e in events]  # none from the fenced-out turn
+    assert events[-1] is finals[0]
+    assert finals[0]["data"]["message"]["data"]["content"] == new.text
