@@ -13,11 +13,13 @@ run's log in the store:
 - the final event (``completed``, ``failed`` or ``stopped``) is written by the
   turn itself before it returns.
 
-Every `CHECK_EVERY` seconds the publisher also asks the store, in one round
-for all the store's runs in flight, which are followed and which were asked to
-stop, so a stop reaches the turn within that interval plus the wait for the
-provider's next chunk. When the store's last run ends the thread exits and
-releases its connection (Redis).
+The publisher also asks the store, in one round for all the store's runs in
+flight, which are followed and which were asked to stop: every `CHECK_EVERY`
+seconds while one is followed; otherwise it keeps no timer and asks when a
+turn's checkpoint falls due (`Tap.due`, every `QUIET_EVERY` at most), so a
+turn nobody follows costs no wake-ups of its own. A stop reaches the turn
+within that interval plus the wait for the provider's next chunk. When the
+store's last run ends the publisher releases its connection (Redis).
 
 Events are JSON objects ``{"type": ..., "data": {...}}``; a run's n-th event has
 offset ``n`` (1-based). The log backends:
