@@ -144,6 +144,12 @@ class RunLog(ABC):
     def finished(self, run_id: str) -> None:  # noqa: B027 - optional hook
         """The run's final event is written (a backend can start its expiry)."""
 
+    def left(self, run_id: str) -> None:  # noqa: B027 - optional hook
+        """A turn fenced out of the run ended: its log ends as a finished run's would.
+
+        The run's new owner, finishing it later, starts the log's time again.
+        """
+
 
 class Tail:
     """A follower's wait for the next events of a run."""
@@ -223,9 +229,14 @@ class MemoryRunLog(RunLog):
                 del self._ended[run]
                 self._logs.pop(run, None)
 
+    def left(self, run_id: str) -> None:
+        with self._changed:
+            self._ended.setdefault(run_id, float(self.clock()))
+
     def finished(self, run_id: str) -> None:
         now = float(self.clock())
         with self._changed:
+            self._ended.pop(run_id, None)  # ends after the newest
             self._stops.discard(run_id)
             self._ended[run_id] = now
             expired = [run for run, at in self._ended.items() if now - at > KEEP_FOR]
@@ -705,6 +716,9 @@ class Tap:
             while pending:  # appends from the stream's thread go on meanwhile
                 items.append(pending.popleft())
             if self.fenced():  # the run's new owner writes its log now
+                if final is not None:
+                    with contextlib.suppress(Exception):
+                        self.log.left(self.run_id)
                 return
             events = self._events(items)
             if final is not None:
