@@ -483,9 +483,8 @@ def test_followers_of_a_producer_killed_mid_answer_read_the_replacements_answer_
     spec = json.dumps(shared_spec)
     url = server.base_url_openai
     producer = child("produce", spec, url, run_id, str(tmp_path / "killed.json"))
-    early = child("follow", spec, run_id, "1", str(tmp_path / "early.json"))
     with open_store(shared_spec, reader=True) as store:
-        watching = Reader(store, run_id)
+        watching = Reader(store, run_id)  # attached before the kill
         watching.start()
         log = _runlog.run_log(store)
         published, deadline = 0, time.monotonic() + 60
@@ -501,10 +500,9 @@ def test_followers_of_a_producer_killed_mid_answer_read_the_replacements_answer_
         replacement = child("produce", spec, url, run_id, str(tmp_path / "produced.json"))
         try:
             assert replacement.wait(60) == 0
-            assert early.wait(60) == 0
             assert late.wait(60) == 0
         finally:
-            for process in (replacement, early, late):
+            for process in (replacement, late):
                 process.kill()
                 process.wait()
         watching.join(10)
@@ -516,14 +514,15 @@ def test_followers_of_a_producer_killed_mid_answer_read_the_replacements_answer_
     assert watching.events[-1].type == "completed"
     assert watching.text == final  # the stretch past the checkpoint is not shown twice
     assert [e.offset for e in watching.events] == list(range(1, len(watching.events) + 1))
-    for name in ("early", "late"):
-        seen = json.loads((tmp_path / f"{name}.json").read_text())
-        assert (seen["final"], seen["text"]) == ("completed", final), name
+    late_seen = json.loads((tmp_path / "late.json").read_text())  # attached after the kill,
+    assert (late_seen["final"], late_seen["text"]) == ("completed", final)  # reconnecting
 
 
 def test_a_producer_fenced_out_by_a_replacement_stops_writing_the_runs_log(
     server: LoopbackProvider, shared_spec: list[str], tmp_path: Path
 ) -> None:
+    if shared_spec[0] != "file":
+        pytest.skip("the turn's fencing is the same on every store: one is enough")
     server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.01))  # about 2 s
     server.default = continuation_responder(Scenario(text=ANSWER, chunk_size=4, delay=0.01))
     run_id = str(uuid.uuid4())
