@@ -223,7 +223,9 @@ def request_stop(store: StreamCheckpointStore, run_id: str) -> None:
     """Ask a run to stop, from any process that shares its store.
 
     The producing process, whichever it is, notices the request within 0.1 s
-    (``CHECK_EVERY``) plus the wait for the provider's next chunk, ends the
+    (``CHECK_EVERY``) while the run is followed, otherwise at the turn's next
+    checkpoint (0.25 s at most by default), plus the wait for the provider's
+    next chunk, ends the
     turn with the text so far as a normal message marked
     ``response_metadata["awaken"]["stopped"]`` (a tool call cut off by the stop
     never runs), and its followers get a ``stopped`` event. Asking a finished
