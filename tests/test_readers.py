@@ -549,3 +549,24 @@ def test_a_producer_fenced_out_by_a_replacement_stops_writing_the_runs_log(
     assert len(finals) == 1, [e["type"] for e in events]  # none from the fenced-out turn
     assert events[-1] is finals[0]
     assert finals[0]["data"]["message"]["data"]["content"] == new.text
+
+
+def test_a_run_nobody_follows_notices_a_stop_at_its_next_checkpoint(
+    server: LoopbackProvider, store: StreamCheckpointStore
+) -> None:
+    server.enqueue(Scenario(text=ANSWER * 4, chunk_size=4, delay=0.01))  # about 8 s uncut
+    run_id = uuid.uuid4()
+    chunks: list[AIMessageChunk] = []
+    asked = 0.0
+    for chunk in wrapped(server, store).stream("Tell me", config={"run_id": run_id}):
+        chunks.append(chunk)
+        if len(chunks) == 30:  # the log exists: the first checkpoint published it
+            asked = time.monotonic()
+            request_stop(store, str(run_id))
+    stopped_after = time.monotonic() - asked
+    message = merged(chunks)
+    assert message.response_metadata["awaken"]["stopped"] is True
+    # the quiet round rides on checkpoints (every 0.25 s at most), plus a chunk's gap
+    assert stopped_after <= _runlog.QUIET_EVERY + 0.5
+    assert len(message.text) < len(ANSWER * 4)
+    assert list(follow(store, str(run_id)))[-1].type == "stopped"
