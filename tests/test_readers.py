@@ -491,8 +491,8 @@ def test_followers_of_a_producer_killed_mid_answer_read_the_replacements_answer_
         while time.monotonic() < deadline:  # until the stalled producer published it all
             time.sleep(0.3)
             now = _runlog.published_text(log, run_id)
-            if now and now == published:
-                break
+            if now and now == published and store.get(run_id) is not None:
+                break  # and its checkpoints are in the store
             published = now
         producer.kill()
         producer.wait()
