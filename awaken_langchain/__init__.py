@@ -24,6 +24,15 @@ from awaken_langchain.errors import (
 )
 from awaken_langchain.ledger import ToolLedger
 from awaken_langchain.model import RecoveringChatModel
+from awaken_langchain.readers import (
+    RunEvent,
+    RunOffsetError,
+    UnknownRunError,
+    afollow,
+    arequest_stop,
+    follow,
+    request_stop,
+)
 from awaken_langchain.retry import RetryPolicy
 from awaken_langchain.stores import (
     DiskCacheStreamCheckpointStore,
@@ -46,6 +55,8 @@ __all__ = [
     "ErrorKind",
     "RecoveringChatModel",
     "RetryPolicy",
+    "RunEvent",
+    "RunOffsetError",
     "StreamCheckpoint",
     "StreamCheckpointError",
     "StreamCheckpointFencedError",
@@ -56,6 +67,11 @@ __all__ = [
     "StreamInterruptedError",
     "StreamStalledError",
     "ToolLedger",
+    "UnknownRunError",
     "__version__",
+    "afollow",
+    "arequest_stop",
     "classify_error",
+    "follow",
+    "request_stop",
 ]

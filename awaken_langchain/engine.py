@@ -175,6 +175,10 @@ class TurnEngine:
         self.store_failing = False
         self.checkpoint_writes = 0
         self.kept = False
+        self.stopped = False
+        """Someone asked the run to stop; the turn ended with what it had."""
+        self.fenced = False
+        """A newer owner claimed the run: this turn no longer speaks for it (nor to its readers)."""
         self.provider = ProviderStream() if settings.provider_resume else None
         """The turn's background response at the provider, with provider resume."""
         self._reread = 0
@@ -662,6 +666,7 @@ class TurnEngine:
             self.kept = False
         if isinstance(exc, StreamCheckpointFencedError):
             self.checkpointing = False
+            self.fenced = True
             message = f"fenced out of run {self.key!r}; stopped checkpointing this turn: {exc}"
             return [warning(RecoveryEvent.CHECKPOINT_WARNING, self.key, message)]
         if self.store_failing:
@@ -683,6 +688,23 @@ class TurnEngine:
             return Step(chunks=held, write=self._record(complete=True))
         return Step(chunks=held, delete=True)
 
+    def stop(self) -> Step:
+        """End the turn early, on a stop request: the text so far is the answer.
+
+        Held text is released; a tool call cut off by the stop goes to the
+        calls that do not run. `close` then ends the turn as usual.
+        """
+        self.stopped = True
+        held = _wrap(self.acc.end_of_text())
+        cut = self.acc.cut_off_in_flight()
+        data = {
+            "key": self.key,
+            "chars": len(self.acc.text),
+            "cut_off_tool_call": cut.name if cut else None,
+        }
+        report = Report(RecoveryEvent.STOPPED, data, "stopped on request")
+        return Step(chunks=held, reports=[report])
+
     def metadata(self) -> AwakenMetadata:
         """What recovery happened, for ``response_metadata["awaken"]``."""
         regenerated = self.acc.discarded_chars + self.acc.seam_removed_chars
@@ -703,6 +725,7 @@ class TurnEngine:
             "not_executed": self.acc.not_executed(),
             "provider_resumes": self.provider.resumes if self.provider is not None else 0,
             "provider_response_id": self.provider.response_id if self.provider else None,
+            "stopped": self.stopped,
             "models": self.written_by(),
         }
 

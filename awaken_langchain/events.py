@@ -91,6 +91,9 @@ class RecoveryEvent(enum.StrEnum):
     PROVIDER_RESUME = "awaken_provider_resume"
     """An interruption resumed at the provider: the response's stream goes on from the
     last event received, and nothing is generated again."""
+    STOPPED = "awaken_stopped"
+    """Someone asked the run to stop (`awaken_langchain.request_stop`): the turn ends
+    with the text so far, and a tool call cut off by the stop does not run."""
     PROVIDER_CANCEL = "awaken_provider_cancel"
     """A turn that did not finish (abandoned, out of budget) cancelled its background
     response, so the provider stops generating it."""
@@ -184,6 +187,9 @@ class AwakenMetadata(TypedDict):
     went on from the last event received; none of them regenerated a token."""
     provider_response_id: str | None
     """The provider's id of the turn's background response (``provider_resume=True``)."""
+    stopped: bool
+    """Whether the turn ended early because someone asked its run to stop
+    (`awaken_langchain.request_stop`)."""
     models: list[WrittenBy]
     """The models that were in effect, in order, with the text each wrote: one entry
     unless the turn moved to a fallback model."""
@@ -375,6 +381,8 @@ class Reporter:
         self._writer = _graph_writer()
         self._span: _telemetry.TurnSpan | None = None
         self._waited = 0.0
+        self.tap: Any = None
+        """The turn's way to its run's event log (`awaken_langchain._runlog.Tap`), if any."""
 
     def _manager_args(self) -> dict[str, Any] | None:
         manager = self._run_manager
@@ -389,7 +397,9 @@ class Reporter:
         }
 
     def _publish(self, report: Report) -> None:
-        """The parts of reporting that need no callback manager: span, graph stream."""
+        """The parts of reporting that need no callback manager: span, graph stream, run log."""
+        if self.tap is not None:
+            self.tap.add(report)
         if self._span is not None:
             self._span.event(report.event.value, report.data)
         if report.event.is_retry:

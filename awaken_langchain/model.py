@@ -47,6 +47,14 @@ from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._reasoning import reasons
 from awaken_langchain._rebind import replace_model, with_settings
+from awaken_langchain._runlog import (
+    Tap,
+    aend_tap,
+    askip_seen,
+    end_tap,
+    open_tap,
+    skip_seen,
+)
 from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
 from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
@@ -829,13 +837,18 @@ class RecoveringChatModel(BaseChatModel):
         One generator for the whole turn, like its async twin `_arun`, where
         every level of generators costs each chunk a resumption.
         """
+        tap = reporter.tap = self._tap(engine)
+        failure: BaseException | None = None
         try:
             with reporter.turn(engine):
                 yield from self._open(engine, reporter)
                 while (request := engine.next_request()) is not None:
                     try:
+                        stopping = tap is not None and tap.stopping
                         for generation in self._inner_chunks(engine, request):
                             out, due = engine.on_chunk(generation)
+                            if tap is not None:
+                                tap.pending.extend(out)
                             for chunk in out:  # a chunk passed on whole keeps its generation
                                 yield (
                                     generation
@@ -845,6 +858,14 @@ class RecoveringChatModel(BaseChatModel):
                             if due:
                                 for report in self._hand_over(engine, engine.snapshot()):
                                     reporter.report(report)
+                                if tap is not None:
+                                    tap.due()
+                            if tap is not None and tap.stopping:
+                                stopping = True
+                                break
+                        if stopping:  # the inner stream, left, is closed: its connection ends
+                            yield from self._carry_out(engine, reporter, engine.stop())
+                            break
                         engine.check_complete()
                         break
                     except Exception as exc:
@@ -858,11 +879,23 @@ class RecoveringChatModel(BaseChatModel):
                             self.retry_policy.sleep(step.delay)
                 yield from self._carry_out(engine, reporter, engine.close(), closing=True)
                 yield from engine.final()
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 self._settle(engine)
             self._forget(engine)
             self._cancel_background(engine, reporter)
+            if tap is not None:
+                end_tap(tap, engine, failure)
+
+    def _tap(self, engine: TurnEngine) -> Tap | None:
+        """The turn's way to its run's event log, when its store keeps one."""
+        store = self.store
+        if store is None:
+            return None
+        return open_tap(store, engine.key, lambda: engine.fenced)
 
     def _open(self, engine: TurnEngine, reporter: Reporter) -> Iterator[ChatGenerationChunk]:
         store = self.store
@@ -879,11 +912,16 @@ class RecoveringChatModel(BaseChatModel):
         if released is not None:
             for report in engine.release_failed(released):
                 reporter.report(report)
-        yield from self._carry_out(engine, reporter, engine.resume(checkpoint, store.clock()))
+        step = engine.resume(checkpoint, store.clock())
+        if reporter.tap is not None and engine.resumed:
+            skip_seen(reporter.tap)
+        yield from self._carry_out(engine, reporter, step)
 
     def _carry_out(
         self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
     ) -> Iterator[ChatGenerationChunk]:
+        if reporter.tap is not None:
+            reporter.tap.pending.extend(step.chunks)
         yield from step.chunks
         self._store_step(engine, reporter, step, closing=closing)
         for report in step.reports:
@@ -1016,14 +1054,19 @@ class RecoveringChatModel(BaseChatModel):
         self, engine: TurnEngine, reporter: Reporter
     ) -> AsyncIterator[ChatGenerationChunk]:
         """`_run` for an async turn."""
+        tap = reporter.tap = self._tap(engine)
+        failure: BaseException | None = None
         try:
             with reporter.turn(engine):
                 async for opened in self._aopen(engine, reporter):
                     yield opened
                 while (request := engine.next_request()) is not None:
                     try:
+                        stopping = tap is not None and tap.stopping
                         async for generation in await self._ainner_chunks(engine, request):
                             out, due = engine.on_chunk(generation)
+                            if tap is not None:
+                                tap.pending.extend(out)
                             for chunk in out:  # a chunk passed on whole keeps its generation
                                 yield (
                                     generation
@@ -1033,6 +1076,15 @@ class RecoveringChatModel(BaseChatModel):
                             if due:
                                 for report in self._ahand_over(engine, engine.snapshot()):
                                     await reporter.areport(report)
+                                if tap is not None:
+                                    tap.due()
+                            if tap is not None and tap.stopping:
+                                stopping = True
+                                break
+                        if stopping:  # the inner stream, left, is closed: its connection ends
+                            async for held in self._acarry_out(engine, reporter, engine.stop()):
+                                yield held
+                            break
                         engine.check_complete()
                         break
                     except Exception as exc:
@@ -1051,11 +1103,16 @@ class RecoveringChatModel(BaseChatModel):
                     yield closing
                 for final in engine.final():
                     yield final
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             if not engine.done:  # the caller stopped reading: land what was handed over
                 await self._asettle(engine)
             self._forget(engine)
             await self._acancel_background(engine, reporter)
+            if tap is not None:
+                await aend_tap(tap, engine, failure)
 
     async def _aopen(
         self, engine: TurnEngine, reporter: Reporter
@@ -1074,14 +1131,17 @@ class RecoveringChatModel(BaseChatModel):
         if released is not None:
             for report in engine.release_failed(released):
                 await reporter.areport(report)
-        async for replayed in self._acarry_out(
-            engine, reporter, engine.resume(checkpoint, store.clock())
-        ):
+        step = engine.resume(checkpoint, store.clock())
+        if reporter.tap is not None and engine.resumed:
+            await askip_seen(reporter.tap)
+        async for replayed in self._acarry_out(engine, reporter, step):
             yield replayed
 
     async def _acarry_out(
         self, engine: TurnEngine, reporter: Reporter, step: Step, *, closing: bool = False
     ) -> AsyncIterator[ChatGenerationChunk]:
+        if reporter.tap is not None:
+            reporter.tap.pending.extend(step.chunks)
         for chunk in step.chunks:
             yield chunk
         await self._astore_step(engine, reporter, step, closing=closing)

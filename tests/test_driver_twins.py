@@ -37,6 +37,8 @@ RENAMES = {
     "_ahand_over": "_hand_over",
     "_acancel_background": "_cancel_background",
     "acancel": "cancel",
+    "aend_tap": "end_tap",
+    "askip_seen": "skip_seen",
     "aput": "put",
     "adelete": "delete",
     "aclaim": "claim",

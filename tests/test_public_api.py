@@ -13,6 +13,8 @@ def test_public_names_are_pinned() -> None:
             "ErrorKind",
             "RecoveringChatModel",
             "RetryPolicy",
+            "RunEvent",
+            "RunOffsetError",
             "StreamCheckpoint",
             "StreamCheckpointError",
             "StreamCheckpointFencedError",
@@ -23,8 +25,13 @@ def test_public_names_are_pinned() -> None:
             "StreamInterruptedError",
             "StreamStalledError",
             "ToolLedger",
+            "UnknownRunError",
             "__version__",
+            "afollow",
+            "arequest_stop",
             "classify_error",
+            "follow",
+            "request_stop",
         ]
     )
 

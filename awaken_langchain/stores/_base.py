@@ -1156,6 +1156,9 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         with self._backend_errors("gc", None):
             self._backend_collect_epochs()
             self._backend_cleanup()
+        from awaken_langchain._runlog import collect_run_logs  # readers' logs end too
+
+        collect_run_logs(self)
         return removed
 
     def _gc_checkpoints(self) -> int:

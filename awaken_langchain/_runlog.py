@@ -1,0 +1,943 @@
+"""A run's event log in its checkpoint store, and the producer side that writes it.
+
+Every turn a `RecoveringChatModel` with a ``store`` runs gets a `Tap`: the
+stream's thread only appends what it yields (chunks, recovery reports) to the
+tap's list. Each store has its own `Publisher`, a daemon thread that runs while
+the store has turns in flight (a store that hangs delays only its own runs'
+events): it turns what the taps hold into events and appends them to the
+run's log in the store:
+
+- while nobody follows the run, at most every `QUIET_EVERY` seconds (the
+  checkpoint cadence: a reader who attaches later replays the log);
+- while someone follows it, every `LIVE_EVERY` seconds;
+- the final event (``completed``, ``failed`` or ``stopped``) is written by the
+  turn itself before it returns.
+
+The publisher also asks the store, in one round for all the store's runs in
+flight, which are followed and which were asked to stop: every `CHECK_EVERY`
+seconds while one is followed; otherwise it keeps no timer and asks when a
+turn's checkpoint falls due (`Tap.due`, every `QUIET_EVERY` at most), so a
+turn nobody follows costs no wake-ups of its own. A stop reaches the turn
+within that interval plus the wait for the provider's next chunk. When the
+store's last run ends the publisher releases its connection (Redis).
+
+Events are JSON objects ``{"type": ..., "data": {...}}``; a run's n-th event has
+offset ``n`` (1-based). The log backends:
+
+- in-process store: a list per run and a condition readers wait on;
+- file and DiskCache stores: an ``events`` directory inside the store's
+  directory, one JSON-lines file per run (appended with ``O_APPEND``), a
+  ``.stop`` file for a stop request and a ``.watch`` file whose modification
+  time a follower refreshes; followers poll the file every ``poll_interval``;
+- Redis: a list ``<prefix>:{<run_id>}:events``, a channel of the same name on
+  which each append publishes the new length (followers block on it, no
+  polling), a ``...:stop`` key; a run is followed while its channel has
+  subscribers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+import weakref
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.messages import AIMessage, BaseMessageChunk, message_to_dict
+from langchain_core.outputs import ChatGenerationChunk
+
+from awaken_langchain.checkpoint import StreamCheckpointStore
+from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.stores._base import make_private_directory, open_no_follow, run_id_bytes
+
+logger = logging.getLogger(__name__)
+
+LIVE_EVERY = 0.005
+"""Seconds between the publisher's appends of a followed run's new events."""
+QUIET_EVERY = 0.25
+"""Seconds between appends of a run nobody follows (the checkpoint cadence)."""
+CHECK_EVERY = 0.1
+"""Seconds between the publisher's questions to the store (followed? stop requested?)
+while one of its runs is followed; otherwise it asks when a checkpoint wakes it."""
+QUIET_WAIT = 1.0
+"""Seconds the publisher sleeps, at most, while nobody follows its store's runs: a turn's
+checkpoints (every `QUIET_EVERY` at most) wake it sooner."""
+WATCH_FOR = 2.0
+"""Seconds a follower's mark lasts (local stores); followers renew it every `RENEW_EVERY`."""
+RENEW_EVERY = 0.5
+"""Seconds between a local follower's renewals of its mark."""
+DEFAULT_POLL_INTERVAL = 0.02
+"""Seconds between a local follower's reads of the log (file and DiskCache stores)."""
+END_DEADLINE = 0.5
+"""Seconds a turn waits, at most, for its final event to be written."""
+KEEP_FOR = 3600.0
+"""Seconds a finished run's log stays readable (Redis, in-process); local log files
+untouched this long are removed."""
+IDLE_EXIT = 5.0
+"""Seconds a store's idle publisher thread waits for a new run before it exits."""
+SWEEP_EVERY = 60.0
+"""Seconds between a process's sweeps of old log files (local stores), made as a run ends."""
+
+FINAL_TYPES = frozenset({"completed", "failed", "stopped"})
+"""The event types that end a run's log."""
+
+
+class RunLog(ABC):
+    """Where a store keeps its runs' event logs (one backend per kind of store)."""
+
+    poll_interval: float | None = None
+    """Seconds between a follower's reads, or ``None`` when the log wakes followers."""
+    quick: bool = False
+    """Appends only update this process's memory: a turn writes its final event itself."""
+
+    @property
+    def publisher(self) -> Publisher:
+        """The thread that writes this log for the turns of this process."""
+        found: Publisher | None = self.__dict__.get("_publisher")
+        if found is None:
+            with _LOGS_LOCK:
+                found = self.__dict__.get("_publisher")
+                if found is None:
+                    found = self.__dict__["_publisher"] = Publisher(self)
+        return found
+
+    @abstractmethod
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        """Append encoded events; return the log's new length."""
+
+    @abstractmethod
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        """The encoded events past offset ``after``, or ``None`` if the run has no log."""
+
+    @abstractmethod
+    def request_stop(self, run_id: str) -> None:
+        """Mark the run: its producer should stop."""
+
+    @abstractmethod
+    def stop_requested(self, run_id: str) -> bool:
+        """Whether someone asked the run to stop."""
+
+    @abstractmethod
+    def followed(self, run_id: str) -> bool:
+        """Whether a follower is attached to the run now."""
+
+    def tail(self, run_id: str) -> Tail:
+        """What a follower waits on between reads."""
+        return _PollingTail(self, run_id)
+
+    def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+        """For each run: (followed now, stop requested); one round trip where the store allows."""
+        return [(self.followed(run), self.stop_requested(run)) for run in run_ids]
+
+    def release(self) -> None:  # noqa: B027 - optional hook
+        """The store's publisher has no run left: let go of what it holds (a connection)."""
+
+    def finished(self, run_id: str) -> None:  # noqa: B027 - optional hook
+        """The run's final event is written (a backend can start its expiry)."""
+
+    def left(self, run_id: str) -> None:  # noqa: B027 - optional hook
+        """A turn fenced out of the run ended: its log ends as a finished run's would.
+
+        The run's new owner, finishing it later, starts the log's time again.
+        """
+
+
+class Tail:
+    """A follower's wait for the next events of a run."""
+
+    def wait(self, timeout: float) -> None:
+        """Return when new events may be there, or after ``timeout`` seconds."""
+        time.sleep(timeout)
+
+    def close(self) -> None:
+        """Release what the tail holds."""
+        return None
+
+
+class _PollingTail(Tail):
+    def __init__(self, log: RunLog, run_id: str) -> None:
+        self._log = log
+        self._run_id = run_id
+        self._renewed = 0.0
+
+    def wait(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY:
+            self._renewed = now
+            watch = getattr(self._log, "watch", None)
+            if watch is not None:
+                watch(self._run_id)
+        time.sleep(min(timeout, self._log.poll_interval or timeout))
+
+
+# -- in-process ---------------------------------------------------------------------
+
+
+class MemoryRunLog(RunLog):
+    """Logs of an in-process store: followers in the same process wait on a condition."""
+
+    quick = True
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self.clock = clock
+        self._changed = threading.Condition()
+        self._logs: dict[str, list[bytes]] = {}
+        self._stops: set[str] = set()
+        self._watchers: dict[str, int] = {}
+        self._ended: dict[str, float] = {}
+        """Finished runs, with when they finished (monotonic), oldest first."""
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        with self._changed:
+            log = self._logs.setdefault(run_id, [])
+            log.extend(events)
+            self._changed.notify_all()
+            return len(log)
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        with self._changed:
+            log = self._logs.get(run_id)
+            return None if log is None else log[after:]
+
+    def request_stop(self, run_id: str) -> None:
+        with self._changed:
+            self._stops.add(run_id)
+
+    def stop_requested(self, run_id: str) -> bool:
+        return run_id in self._stops
+
+    def followed(self, run_id: str) -> bool:
+        return self._watchers.get(run_id, 0) > 0
+
+    def tail(self, run_id: str) -> Tail:
+        return _MemoryTail(self, run_id)
+
+    def collect(self, keep_for: float) -> None:
+        """Remove the logs of runs that finished more than ``keep_for`` ago."""
+        now = float(self.clock())
+        with self._changed:
+            for run in [run for run, at in self._ended.items() if now - at > keep_for]:
+                del self._ended[run]
+                self._logs.pop(run, None)
+
+    def left(self, run_id: str) -> None:
+        with self._changed:
+            self._ended.setdefault(run_id, float(self.clock()))
+
+    def finished(self, run_id: str) -> None:
+        now = float(self.clock())
+        with self._changed:
+            self._ended.pop(run_id, None)  # ends after the newest
+            self._stops.discard(run_id)
+            self._ended[run_id] = now
+            expired = [run for run, at in self._ended.items() if now - at > KEEP_FOR]
+            for run in expired:  # finished logs end, as in the durable stores
+                del self._ended[run]
+                self._logs.pop(run, None)
+
+
+class _MemoryTail(Tail):
+    def __init__(self, log: MemoryRunLog, run_id: str) -> None:
+        self._log = log
+        self._run_id = run_id
+        with log._changed:
+            self._seen = len(log._logs.get(run_id, ()))
+            log._watchers[run_id] = log._watchers.get(run_id, 0) + 1
+
+    def wait(self, timeout: float) -> None:
+        log = self._log
+        with log._changed:
+            log._changed.wait_for(
+                lambda: len(log._logs.get(self._run_id, ())) > self._seen, timeout
+            )
+            self._seen = len(log._logs.get(self._run_id, ()))
+
+    def close(self) -> None:
+        log = self._log
+        with log._changed:
+            left = log._watchers.get(self._run_id, 1) - 1
+            if left > 0:
+                log._watchers[self._run_id] = left
+            else:
+                log._watchers.pop(self._run_id, None)
+
+
+# -- a directory (file and DiskCache stores) ----------------------------------------
+
+
+class DirectoryRunLog(RunLog):
+    """Logs in ``<store directory>/events``: one JSON-lines file per run.
+
+    Args:
+        directory: The store's directory.
+        poll_interval: Seconds between a follower's reads of the file.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        clock: Any = time.time,
+    ) -> None:
+        self.clock = clock
+        self.directory = directory / "events"
+        self.poll_interval = poll_interval
+        self._made = False
+        self._cursors: dict[str, tuple[int, int]] = {}
+        """Per run: the last (offset, byte position) read, so a follower reads only what is new."""
+        self._lock = threading.Lock()
+        self._swept = 0.0
+
+    def _path(self, run_id: str, suffix: str) -> Path:
+        stem = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
+        return self.directory / f"{stem}{suffix}"
+
+    def _make(self) -> None:
+        if not self._made:
+            make_private_directory(self.directory)
+            self._made = True
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        self._make()
+        fd = open_no_follow(self._path(run_id, ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        try:
+            os.write(fd, b"".join(event + b"\n" for event in events))
+        finally:
+            os.close(fd)
+        return -1
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        try:
+            fd = open_no_follow(self._path(run_id, ".log"), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        except StreamCheckpointError as exc:
+            if isinstance(exc.__cause__, FileNotFoundError):
+                return None
+            raise
+        with self._lock:
+            offset, position = self._cursors.get(run_id, (0, 0))
+        if offset > after:
+            offset, position = 0, 0
+        try:
+            with os.fdopen(fd, "rb") as file:
+                file.seek(position)
+                data = file.read()
+        except OSError as exc:
+            raise StreamCheckpointError(f"could not read the event log of {run_id!r}") from exc
+        end = data.rfind(b"\n") + 1  # a line being written is read next time
+        lines = data[:end].split(b"\n")[:-1]
+        with self._lock:
+            self._cursors[run_id] = (offset + len(lines), position + end)
+            if len(self._cursors) > 1024:
+                self._cursors.pop(next(iter(self._cursors)))
+        return lines[after - offset :]
+
+    def request_stop(self, run_id: str) -> None:
+        self._make()
+        os.close(open_no_follow(self._path(run_id, ".stop"), os.O_WRONLY | os.O_CREAT))
+
+    def collect(self, keep_for: float) -> None:
+        """Remove the logs of runs that finished more than ``keep_for`` ago (store clock)."""
+        now = float(self.clock())
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not name.endswith(".end"):
+                continue
+            path = self.directory / name
+            try:
+                ended = float(path.read_text())
+            except (OSError, ValueError):
+                ended = now - keep_for - 1  # unreadable: ended long ago
+            if now - ended <= keep_for:
+                continue
+            stem = name[: -len(".end")]
+            for suffix in (".log", ".watch", ".stop", ".end"):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.directory / f"{stem}{suffix}").unlink()
+        with contextlib.suppress(OSError):  # only when empty
+            self.directory.rmdir()
+            self._made = False
+
+    def stop_requested(self, run_id: str) -> bool:
+        return self._path(run_id, ".stop").exists()
+
+    def watch(self, run_id: str) -> None:
+        """Mark the run as followed for `WATCH_FOR` seconds."""
+        self._make()
+        path = self._path(run_id, ".watch")
+        os.close(open_no_follow(path, os.O_WRONLY | os.O_CREAT))
+        os.utime(path)
+
+    def followed(self, run_id: str) -> bool:
+        try:
+            return time.time() - self._path(run_id, ".watch").stat().st_mtime < WATCH_FOR
+        except FileNotFoundError:
+            return False
+
+    def finished(self, run_id: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(run_id, ".stop").unlink()
+        end = self._path(run_id, ".end")
+        fd = open_no_follow(end, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            os.write(fd, repr(float(self.clock())).encode())
+        finally:
+            os.close(fd)
+        if time.time() - self._swept >= SWEEP_EVERY:
+            self._swept = time.time()
+            self.collect(KEEP_FOR)
+
+
+# -- Redis ----------------------------------------------------------------------------
+
+_APPEND = """
+local length = redis.call('RPUSH', KEYS[1], unpack(ARGV))
+redis.call('PUBLISH', KEYS[1], length)
+return length
+"""
+
+
+class RedisRunLog(RunLog):
+    """Logs in Redis lists; followers block on the run's channel (no polling)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self._script: Any = None
+        self._own: Any = None
+        """The publisher's client: its own connection, closed when the store's runs end."""
+
+    def _key(self, run_id: str, suffix: bytes) -> bytes:
+        return bytes(self._store._prefix_bytes + b":{" + run_id_bytes(run_id) + b"}:" + suffix)
+
+    @property
+    def _redis(self) -> Any:
+        return self._store._client().client
+
+    @property
+    def _publishing(self) -> Any:
+        """The publisher thread's client (the only thread that writes the logs of a Redis store)."""
+        if self._own is None:
+            shared = self._redis
+            pool = getattr(shared, "connection_pool", None)
+            if pool is None or not hasattr(pool, "connection_kwargs"):  # a cluster client
+                return shared
+            own_pool = type(pool)(connection_class=pool.connection_class, **pool.connection_kwargs)
+            self._own = type(shared)(connection_pool=own_pool)
+            self._script = self._own.register_script(_APPEND)
+        return self._own
+
+    def release(self) -> None:
+        own, self._own = self._own, None
+        if own is not None:
+            own.connection_pool.disconnect()
+            self._script = None
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        client = self._publishing
+        if self._script is None:
+            self._script = client.register_script(_APPEND)
+        return int(self._script(keys=[self._key(run_id, b"events")], args=list(events)))
+
+    def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+        pipe = self._publishing.pipeline(transaction=False)
+        for run_id in run_ids:
+            pipe.pubsub_numsub(self._key(run_id, b"events"))
+            pipe.exists(self._key(run_id, b"stop"))
+        answers = pipe.execute()
+        return [
+            (bool(counts and counts[0][1]), bool(stop))
+            for counts, stop in zip(answers[::2], answers[1::2], strict=True)
+        ]
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        found = self._redis.lrange(self._key(run_id, b"events"), after, -1)
+        if not found and after == 0:
+            return None
+        if not found and not self._redis.exists(self._key(run_id, b"events")):
+            return None
+        return list(found)
+
+    def request_stop(self, run_id: str) -> None:
+        self._redis.set(self._key(run_id, b"stop"), b"1", ex=int(KEEP_FOR))
+
+    def stop_requested(self, run_id: str) -> bool:
+        return bool(self._redis.exists(self._key(run_id, b"stop")))
+
+    def followed(self, run_id: str) -> bool:
+        counts = self._redis.pubsub_numsub(self._key(run_id, b"events"))
+        return bool(counts and counts[0][1])
+
+    def tail(self, run_id: str) -> Tail:
+        return _RedisTail(self._redis, self._key(run_id, b"events"))
+
+    def finished(self, run_id: str) -> None:
+        pipe = self._publishing.pipeline(transaction=False)
+        pipe.expire(self._key(run_id, b"events"), int(KEEP_FOR))
+        pipe.delete(self._key(run_id, b"stop"))
+        pipe.execute()
+
+
+class _RedisTail(Tail):
+    def __init__(self, client: Any, channel: bytes) -> None:
+        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._pubsub.subscribe(channel)
+        self._pubsub.get_message(timeout=1.0)  # the subscription is confirmed: no append is missed
+
+    def wait(self, timeout: float) -> None:
+        message = self._pubsub.get_message(timeout=timeout)
+        while message is not None:  # several appends wake the follower once
+            message = self._pubsub.get_message(timeout=0)
+
+    def close(self) -> None:
+        self._pubsub.close()
+
+
+# -- which log a store has ------------------------------------------------------------
+
+_LOGS: weakref.WeakKeyDictionary[StreamCheckpointStore, RunLog] = weakref.WeakKeyDictionary()
+_LOGS_LOCK = threading.Lock()
+
+
+def run_log(store: StreamCheckpointStore) -> RunLog:
+    """The event log of ``store``'s runs.
+
+    Raises:
+        TypeError: If the store keeps no event logs.
+    """
+    with _LOGS_LOCK:
+        found = _LOGS.get(store)
+        if found is not None:
+            return found
+        log = _make_log(store)
+        _LOGS[store] = log
+        return log
+
+
+def _make_log(store: StreamCheckpointStore) -> RunLog:
+    from awaken_langchain.stores import (
+        DiskCacheStreamCheckpointStore,
+        FileStreamCheckpointStore,
+        InMemoryStreamCheckpointStore,
+    )
+
+    if isinstance(store, InMemoryStreamCheckpointStore):
+        return MemoryRunLog(store.clock)
+    if isinstance(store, FileStreamCheckpointStore | DiskCacheStreamCheckpointStore):
+        return DirectoryRunLog(store.directory, clock=store.clock)
+    if type(store).__name__ == "RedisStreamCheckpointStore":
+        return RedisRunLog(store)
+    raise TypeError(
+        f"{type(store).__name__} keeps no event logs for readers yet; follow runs of an "
+        "in-process, file, DiskCache or Redis store"
+    )
+
+
+def collect_run_logs(store: StreamCheckpointStore) -> None:
+    """Remove the logs of ``store``'s runs that finished longer ago than its ``ttl``.
+
+    A store's ``gc`` calls it; a store without a ``ttl`` keeps finished logs
+    `KEEP_FOR` seconds.
+    """
+    log = _LOGS.get(store)
+    collect = getattr(log, "collect", None)
+    if collect is not None:
+        with contextlib.suppress(OSError):
+            collect(store.ttl if store.ttl is not None else KEEP_FOR)
+
+
+def has_run_log(store: StreamCheckpointStore) -> bool:
+    """Whether ``store``'s runs can be followed."""
+    try:
+        run_log(store)
+    except TypeError:
+        return False
+    return True
+
+
+# -- the producer -----------------------------------------------------------------------
+
+
+def encode_event(kind: str, data: dict[str, Any]) -> bytes:
+    """One event as the log holds it (JSON, never pickle)."""
+    return json.dumps({"type": kind, "data": data}, ensure_ascii=False, default=str).encode()
+
+
+def _chunk_items(chunk: BaseMessageChunk, skip: list[int], into: list[str | bytes]) -> None:
+    """Add to ``into`` what one yielded chunk shows readers: its text (``str``) and its events.
+
+    Whole tool calls only, as the turn yields them. Text is kept as ``str`` so
+    that consecutive text becomes one event, encoded once.
+    """
+    content = chunk.content
+    if isinstance(content, str) and not skip[0]:  # the common chunk: text and nothing more
+        if content:
+            into.append(content)
+    else:
+        blocks: list[Any] = [content] if isinstance(content, str) else list(content)
+        for block in blocks:
+            if isinstance(block, str):
+                text = block
+            elif isinstance(block, dict) and block.get("type") == "text":
+                text = str(block.get("text") or "")
+            elif isinstance(block, dict):
+                kind = "reasoning" if block.get("type") in ("thinking", "reasoning") else "block"
+                into.append(encode_event(kind, {"block": block}))
+                continue
+            else:
+                continue
+            if skip[0]:  # followers saw this text from the process before
+                cut = min(skip[0], len(text))
+                skip[0] -= cut
+                text = text[cut:]
+            if text:
+                into.append(text)
+    for call in getattr(chunk, "tool_call_chunks", ()):
+        try:
+            args = json.loads(call.get("args") or "{}")
+        except ValueError:
+            continue  # the turn yields only whole calls; anything else is not a call to run
+        data = {"id": call.get("id"), "name": call.get("name"), "args": args}
+        into.append(encode_event("tool_call", {**data, "executable": True}))
+
+
+def _merged_text(items: list[str | bytes]) -> list[bytes]:
+    """Consecutive text as one event (fewer offsets, less to store, one encoding)."""
+    merged: list[bytes] = []
+    texts: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        if texts:
+            merged.append(encode_event("text", {"text": "".join(texts)}))
+            texts = []
+        merged.append(item)
+    if texts:
+        merged.append(encode_event("text", {"text": "".join(texts)}))
+    return merged
+
+
+class Tap:
+    """What one turn yields, on its way to the run's log.
+
+    The stream's thread calls only `add` and reads `stopping`; the publisher
+    thread and the turn's end do the rest.
+    """
+
+    __slots__ = (
+        "_lock",
+        "_skip",
+        "ended",
+        "failing",
+        "fenced",
+        "final",
+        "followed",
+        "landed",
+        "log",
+        "next_flush",
+        "next_wake",
+        "pending",
+        "run_id",
+        "stopping",
+    )
+
+    def __init__(
+        self, log: RunLog, run_id: str, fenced: Callable[[], bool] = lambda: False
+    ) -> None:
+        self.fenced = fenced
+        self.log = log
+        self.run_id = run_id
+        self.pending: deque[Any] = deque()
+        self.stopping = False
+        self.followed = False
+        self.ended = False
+        self.failing = False
+        self.final: bytes | None = None
+        self.landed = threading.Event()
+        self.next_flush = 0.0
+        self.next_wake = 0.0
+        self._lock = threading.Lock()
+        self._skip = [0]
+
+    def add(self, item: Any) -> None:
+        """Queue a yielded chunk or a recovery report (the stream's only cost)."""
+        self.pending.append(item)
+
+    def due(self) -> None:
+        """A checkpoint of the turn is due: the publisher's quiet round rides on it.
+
+        While nobody follows the store's runs the publisher keeps no timer of
+        its own: it wakes here, at most every `QUIET_EVERY` seconds, to ask
+        the store about followers and stops and to append what the turn yielded.
+        """
+        now = time.monotonic()
+        if now >= self.next_wake:
+            self.next_wake = now + QUIET_EVERY
+            self.log.publisher.wake()
+
+    def skip_replayed(self, chars: int) -> None:
+        """Text that followers already saw: a replacement process replays it, unpublished."""
+        self._skip[0] = chars
+
+    def _events(self, items: list[Any]) -> list[bytes]:
+        found: list[str | bytes] = []
+        for item in items:
+            if isinstance(item, ChatGenerationChunk):
+                item = item.message
+            if isinstance(item, BaseMessageChunk):
+                _chunk_items(item, self._skip, found)
+            elif item is _STARTED:
+                found.append(encode_event("started", {"pid": os.getpid()}))
+            else:  # a recovery report
+                data = {"event": item.event.value, "data": item.data}
+                if item.message:
+                    data["message"] = item.message
+                found.append(encode_event("recovery", data))
+        return _merged_text(found)
+
+    def flush(self, final: bytes | None = None) -> None:
+        """Append what is queued (and the final event) to the log."""
+        with self._lock:
+            items = []
+            pending = self.pending
+            while pending:  # appends from the stream's thread go on meanwhile
+                items.append(pending.popleft())
+            if self.fenced():  # the run's new owner writes its log now
+                if final is not None:
+                    with contextlib.suppress(Exception):
+                        self.log.left(self.run_id)
+                return
+            events = self._events(items)
+            if final is not None:
+                events.append(final)
+            if not events:
+                return
+            try:
+                self.log.append(self.run_id, events)
+            except Exception as exc:  # a failing log never fails the turn
+                if not self.failing:
+                    logger.warning("could not write the event log of %r: %s", self.run_id, exc)
+                self.failing = True
+                if final is None:
+                    pending.extendleft(reversed(items))
+            else:
+                self.failing = False
+            if final is not None:
+                with contextlib.suppress(Exception):
+                    self.log.finished(self.run_id)
+
+    def abandon(self) -> None:
+        """The turn ended without an outcome (its caller stopped reading).
+
+        The publisher appends what it yielded, and the log stays open for a
+        process that resumes the run.
+        """
+        self.ended = True
+        self.log.publisher.wake()
+
+    def end(self, kind: str, data: dict[str, Any]) -> None:
+        """Write the run's final event before the turn returns, waiting `END_DEADLINE` at most.
+
+        The publisher's thread writes it after everything the turn yielded; a
+        store that does not answer in time costs the turn that long, once.
+        """
+        self.final = encode_event(kind, data)
+        self.ended = True
+        if self.log.quick:
+            self.log.publisher.remove(self)
+            self.flush(self.final)
+            return
+        self.log.publisher.wake()
+        if not self.landed.wait(END_DEADLINE):
+            logger.warning(
+                "the final event of run %r was not written within %s s; followers see it late",
+                self.run_id,
+                END_DEADLINE,
+            )
+
+
+def message_data(message: AIMessage) -> dict[str, Any]:
+    """A final message as a JSON object (``langchain_core.messages.messages_from_dict``)."""
+    return message_to_dict(message)
+
+
+class Publisher:
+    """The thread that moves one store's taps into their logs.
+
+    Each store has its own, so a store that hangs (a frozen server, a socket
+    waiting out its timeout) delays the events of its own runs only. The
+    thread starts with the store's first run in flight and exits, releasing
+    what its log holds, when the last one has ended.
+    """
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+        self._taps: list[Tap] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._next_check = 0.0
+
+    def add(self, tap: Tap) -> None:
+        with self._wake:
+            self._taps.append(tap)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-log", daemon=True
+                )
+                self._thread.start()
+            self._wake.notify()
+
+    def wake(self) -> None:
+        with self._wake:
+            self._wake.notify()
+
+    def remove(self, tap: Tap) -> None:
+        with self._wake, contextlib.suppress(ValueError):
+            self._taps.remove(tap)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                if not self._taps:  # the store's last run ended: nothing is held meanwhile
+                    with contextlib.suppress(Exception):
+                        self.log.release()
+                    if not self._wake.wait_for(lambda: bool(self._taps), IDLE_EXIT):
+                        self._thread = None
+                        return
+                taps = list(self._taps)
+            now = time.monotonic()
+            if now >= self._next_check:  # woken by a checkpoint, a new turn, or live
+                self._next_check = now + CHECK_EVERY
+                self._check(taps)
+            for tap in taps:
+                try:
+                    self._serve(tap, now)
+                except Exception:  # the publisher never dies
+                    logger.exception("event log of %r: publishing failed", tap.run_id)
+            with self._wake:  # a turn that ends wakes the thread
+                if self._taps:
+                    live = any(tap.followed for tap in self._taps)
+                    self._wake.wait(LIVE_EVERY if live else QUIET_WAIT)
+
+    def _check(self, taps: list[Tap]) -> None:
+        """Ask the store, once for all its runs in flight: followed? stop requested?"""
+        try:
+            answers = self.log.check([tap.run_id for tap in taps])
+        except Exception as exc:  # a failing store never fails the turns
+            logger.debug("could not check the runs' followers and stops: %s", exc)
+            return
+        for tap, (followed, stop) in zip(taps, answers, strict=True):
+            tap.followed = followed
+            if stop:
+                tap.stopping = True
+
+    def _serve(self, tap: Tap, now: float) -> None:
+        if tap.ended:  # finished, or abandoned by its caller
+            tap.flush(tap.final)
+            self.remove(tap)
+            with self._wake:
+                if not self._taps:  # released before the turn returns
+                    with contextlib.suppress(Exception):
+                        self.log.release()
+            tap.landed.set()
+            return
+        if tap.pending and (tap.followed or now >= tap.next_flush):
+            tap.next_flush = now + QUIET_EVERY - LIVE_EVERY  # a checkpoint's wake finds it due
+            tap.flush()
+
+
+def open_tap(
+    store: StreamCheckpointStore, run_id: str, fenced: Callable[[], bool] = lambda: False
+) -> Tap | None:
+    """A tap for a turn of ``store``'s run, or ``None`` if the store keeps no event logs.
+
+    ``fenced`` tells whether a newer owner (a replacement process) claimed the
+    run: from then on the turn writes nothing more to the run's log.
+    """
+    try:
+        log = run_log(store)
+    except TypeError:
+        return None
+    tap = Tap(log, run_id, fenced)
+    tap.add(_STARTED)
+    log.publisher.add(tap)
+    return tap
+
+
+class _Started:
+    """The first event of every turn of a run (a replacement process's turn adds one)."""
+
+
+_STARTED = _Started()
+
+
+def _outcome(engine: Any, failure: BaseException | None) -> tuple[str, dict[str, Any]] | None:
+    if engine.done and (failure is None or isinstance(failure, GeneratorExit)):
+        kind = "stopped" if engine.stopped else "completed"
+        return kind, {"message": message_data(engine.message())}
+    if failure is None or isinstance(failure, GeneratorExit):
+        return None
+    return "failed", {"error": str(failure), "type": type(failure).__name__}
+
+
+def end_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
+    """Publish how the turn ended: its final event, or (abandoned) what it yielded."""
+    outcome = _outcome(engine, failure)
+    if outcome is None:
+        tap.abandon()
+    else:
+        tap.end(*outcome)
+
+
+async def aend_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
+    """`end_tap` for an async turn: the store is written in a worker thread."""
+    outcome = _outcome(engine, failure)
+    if outcome is None:
+        tap.abandon()
+    else:
+        await asyncio.to_thread(tap.end, *outcome)
+
+
+def skip_seen(tap: Tap) -> None:
+    """A replacement process's turn: do not publish again the replayed text followers saw."""
+    tap.skip_replayed(published_text(tap.log, tap.run_id))
+
+
+async def askip_seen(tap: Tap) -> None:
+    """`skip_seen` for an async turn (the log is read in a worker thread)."""
+    tap.skip_replayed(await asyncio.to_thread(published_text, tap.log, tap.run_id))
+
+
+def published_text(log: RunLog, run_id: str) -> int:
+    """Characters of text the run's log holds (what followers have seen)."""
+    try:
+        found = log.read(run_id, 0)
+    except Exception:
+        return 0
+    chars = 0
+    for raw in found or ():
+        event = json.loads(raw)
+        if event["type"] == "text":
+            chars += len(event["data"]["text"])
+        elif event["type"] in FINAL_TYPES:
+            chars = 0
+    return chars
+
+
+def iter_events(raw: list[bytes]) -> Iterator[dict[str, Any]]:
+    """Decode events as the log holds them."""
+    for line in raw:
+        yield json.loads(line)
