@@ -151,9 +151,9 @@ class _Follower:
                 break
         return events
 
-    def next(self) -> list[RunEvent]:
+    def next(self, timeout: float = WAIT_STEP) -> list[RunEvent]:
         assert self.tail is not None
-        self.tail.wait(WAIT_STEP)
+        self.tail.wait(timeout)
         return self._events(self.log.read(self.run_id, self.cursor) or [])
 
     def close(self) -> None:
