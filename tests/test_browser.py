@@ -161,11 +161,14 @@ def final_event(app: App, run_id: str) -> Any:
 
 
 def test_a_page_reloaded_mid_answer_shows_the_whole_answer_once(app: App, context: Any) -> None:
+    question = "What happens when I reload?"
+    expected = scripted_answer(question)
+    app.provider.enqueue(Scenario(text=expected, chunk_size=4, delay=0.02))  # about 3 s
     page = context.new_page()
     streams: list[str] = []
     page.on("request", lambda r: streams.append(r.url) if "/events" in r.url else None)
     page.goto(app.url)
-    page.fill("#question", "What happens when I reload?")
+    page.fill("#question", question)
     page.click("#send")
     eventually("part of the answer", lambda: len(answer_text(page)) >= 60)
     before = answer_text(page)
@@ -174,7 +177,6 @@ def test_a_page_reloaded_mid_answer_shows_the_whole_answer_once(app: App, contex
 
     run_id = str(page.locator(".turn").last.get_attribute("data-run"))
     final = final_event(app, run_id)
-    expected = scripted_answer("What happens when I reload?")
     assert final.type == "completed"
     assert final.message().text == expected
     assert answer_text(page) == expected  # all of it, once
