@@ -20,7 +20,9 @@ from awaken_langchain.examples.chat import build_agent
 def main(argv: list[str]) -> None:
     directory, base_url, conversation, run_id, out = argv[:5]
     question = argv[5] if len(argv) > 5 else None
-    agent = build_agent(Path(directory), base_url)
+    # checkpoints every 8 chunks and never by time: where a stream stalls, the last
+    # checkpoint is the same on a fast machine and on a loaded one
+    agent = build_agent(Path(directory), base_url, checkpoint_every_seconds=3600.0)
     print("ready", flush=True)
     if not sys.stdin.readline():
         return

@@ -233,10 +233,12 @@ def test_a_page_shows_the_answer_once_when_its_process_is_killed_and_replaced(
     question = "What if the process dies?"
     expected = scripted_answer(question)
     conversation, run_id = str(uuid.uuid4()), str(uuid.uuid4())
-    # the first process's stream stalls about a third into the answer: it is killed there
+    # the first process's stream stalls after its role chunk and 44 chunks of text, four
+    # chunks past its last checkpoint (every 8 chunks): it is killed there
     app.provider.enqueue(
         Scenario(text=expected, chunk_size=4, delay=0.01, fault=Fault.stall(30, after_events=45))
     )
+    stalled = expected[: 44 * 4]
     first = child(app, conversation, run_id, tmp_path / "first.json", question)
     replacement = child(app, conversation, run_id, tmp_path / "replacement.json")
     try:
@@ -251,7 +253,7 @@ def test_a_page_shows_the_answer_once_when_its_process_is_killed_and_replaced(
             return checkpoint is not None and len(checkpoint.partial_text or "") >= 100
 
         eventually("a checkpoint of part of the answer", checkpointed)
-        eventually("part of the answer", lambda: len(answer_text(page)) >= 100)
+        eventually("the answer up to the stall", lambda: answer_text(page) == stalled)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         shown_at_kill = answer_text(page)

@@ -166,7 +166,7 @@ class ChatAgent:
         self.store.close()
 
 
-def build_agent(directory: Path, base_url: str) -> ChatAgent:
+def build_agent(directory: Path, base_url: str, **settings: Any) -> ChatAgent:
     """The agent: ``create_agent`` over a recovering ``ChatOpenAI``, state in ``directory``.
 
     Args:
@@ -174,6 +174,7 @@ def build_agent(directory: Path, base_url: str) -> ChatAgent:
             logs readers follow) and the memory (``memory.sqlite``).
         base_url: The OpenAI-compatible API (the loopback provider's
             ``base_url_openai``).
+        **settings: Further `RecoveringChatModel` settings.
     """
     from langchain.agents import create_agent
     from langchain_openai import ChatOpenAI
@@ -186,6 +187,7 @@ def build_agent(directory: Path, base_url: str) -> ChatAgent:
         store=store,
         # the model call's checkpoint, and so the run readers follow, is the turn's answer id
         checkpoint_key=_answer_key,
+        **settings,
     )
     connection = sqlite3.connect(directory / "memory.sqlite", check_same_thread=False)
     graph = create_agent(model, [], checkpointer=SqliteSaver(connection))
