@@ -25,7 +25,7 @@ def test_the_one_command_serves_the_page_and_streams_an_answer(
 ) -> None:
     assert main(["--smoke", "--port", "0", "--delay", "0", "--dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == scripted_answer("Hello?") + "\n"
-    assert (tmp_path / "memory.sqlite").exists()
+    assert (tmp_path / "memory.sqlite").stat().st_mode & 0o777 == 0o600
 
 
 def test_ask_rejects_bad_requests_and_a_second_question_while_one_is_answered(

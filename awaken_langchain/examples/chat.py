@@ -45,6 +45,7 @@ from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.model import RecoveringChatModel
 from awaken_langchain.readers import UnknownRunError, _Follower
 from awaken_langchain.recovery import DEFAULT_CONTINUATION_PROMPT
+from awaken_langchain.stores._base import make_private_database
 from awaken_langchain.stores.diskcache import DiskCacheStreamCheckpointStore
 from awaken_langchain.testing import LoopbackProvider, Scenario, continuation_responder
 from awaken_langchain.testing.server import RecordedRequest
@@ -189,7 +190,9 @@ def build_agent(directory: Path, base_url: str, **settings: Any) -> ChatAgent:
         checkpoint_key=_answer_key,
         **settings,
     )
-    connection = sqlite3.connect(directory / "memory.sqlite", check_same_thread=False)
+    memory = directory / "memory.sqlite"
+    make_private_database(memory)  # the conversations: readable by their owner only
+    connection = sqlite3.connect(memory, check_same_thread=False)
     graph = create_agent(model, [], checkpointer=SqliteSaver(connection))
     return ChatAgent(graph=graph, store=store, connection=connection)
 
