@@ -4,8 +4,10 @@
 each with ``id:`` set to its offset, ``event:`` to its type and ``data:`` to its
 JSON payload. A browser's ``EventSource`` sends the last id it saw as
 ``Last-Event-ID`` when it reconnects, and gets every later event once; a client
-may pass ``?after=<offset>`` instead. ``POST /runs/{run_id}/stop`` asks the run
-to stop.
+may pass ``?after=<offset>`` instead. After ``keepalive`` seconds without an
+event (15 by default) the stream sends a ``: keep-alive`` comment, which keeps
+proxies from closing a quiet connection. ``POST /runs/{run_id}/stop`` asks the
+run to stop.
 
 Errors are answers, never crashes: an unknown run is a 404, a malformed
 ``Last-Event-ID``/``after`` or an offset past the end of the run a 400.
