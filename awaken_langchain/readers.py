@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -151,9 +151,9 @@ class _Follower:
                 break
         return events
 
-    def next(self) -> list[RunEvent]:
+    def next(self, timeout: float = WAIT_STEP) -> list[RunEvent]:
         assert self.tail is not None
-        self.tail.wait(WAIT_STEP)
+        self.tail.wait(timeout)
         return self._events(self.log.read(self.run_id, self.cursor) or [])
 
     def close(self) -> None:
@@ -189,10 +189,31 @@ def follow(store: StreamCheckpointStore, run_id: str, *, after: int = 0) -> Iter
         TypeError: If the store keeps no event logs.
     """
     follower = _Follower(store, run_id, after)
-    return _follow(follower, follower.open())
+    return _Events(follower, follower.open())
 
 
-def _follow(follower: _Follower, replayed: list[RunEvent]) -> Iterator[RunEvent]:
+class _Events(Iterator[RunEvent]):
+    """What `follow` returns: the events, and ``close``, which detaches the follower.
+
+    A generator closed before its first event never runs its ``finally``: the
+    follower would stay attached (an in-process store would count the run as
+    followed) until it is garbage-collected.
+    """
+
+    def __init__(self, follower: _Follower, replayed: list[RunEvent]) -> None:
+        self._follower = follower
+        self._events = _follow(follower, replayed)
+
+    def __next__(self) -> RunEvent:
+        return next(self._events)
+
+    def close(self) -> None:
+        """Stop following the run (at any point, also before the first event)."""
+        self._events.close()
+        self._follower.close()
+
+
+def _follow(follower: _Follower, replayed: list[RunEvent]) -> Generator[RunEvent, None, None]:
     try:
         yield from replayed
         while not follower.done:

@@ -4,8 +4,10 @@
 each with ``id:`` set to its offset, ``event:`` to its type and ``data:`` to its
 JSON payload. A browser's ``EventSource`` sends the last id it saw as
 ``Last-Event-ID`` when it reconnects, and gets every later event once; a client
-may pass ``?after=<offset>`` instead. ``POST /runs/{run_id}/stop`` asks the run
-to stop.
+may pass ``?after=<offset>`` instead. After ``keepalive`` seconds without an
+event (15 by default) the stream sends a ``: keep-alive`` comment, which keeps
+proxies from closing a quiet connection. ``POST /runs/{run_id}/stop`` asks the
+run to stop.
 
 Errors are answers, never crashes: an unknown run is a 404, a malformed
 ``Last-Event-ID``/``after`` or an offset past the end of the run a 400.
@@ -46,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed for the 
 from awaken_langchain.checkpoint import StreamCheckpointStore, check_run_id
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.readers import (
+    WAIT_STEP,
     RunEvent,
     RunOffsetError,
     UnknownRunError,
@@ -57,6 +60,15 @@ __all__ = ["reader_app", "reader_routes", "sse_event"]
 
 RETRY_MS = 1000
 """The reconnection delay the stream asks of ``EventSource`` (milliseconds)."""
+
+KEEPALIVE = 15.0
+"""Seconds without an event after which the stream sends a ``: keep-alive`` comment.
+
+Proxies and load balancers close a connection that stays silent for long (often
+after 30 to 60 s); a comment keeps it open and is ignored by ``EventSource``.
+"""
+
+KEEPALIVE_COMMENT = b": keep-alive\n\n"
 
 
 def sse_event(event: RunEvent) -> bytes:
@@ -86,24 +98,38 @@ def _problem(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"error": detail}, status_code=status)
 
 
-async def _stream(follower: _Follower, replayed: list[RunEvent]) -> AsyncIterator[bytes]:
+async def _stream(
+    follower: _Follower, replayed: list[RunEvent], keepalive: float
+) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
         for event in replayed:
             yield sse_event(event)
+        sent = loop.time()
         while not follower.done:
-            for event in await asyncio.to_thread(follower.next):
+            events = await asyncio.to_thread(follower.next, min(keepalive, WAIT_STEP))
+            for event in events:
                 yield sse_event(event)
+            if events:
+                sent = loop.time()
+            elif loop.time() - sent >= keepalive:
+                yield KEEPALIVE_COMMENT
+                sent = loop.time()
     finally:
         follower.close()
 
 
-def reader_routes(store: StreamCheckpointStore) -> list[Route]:
+def reader_routes(store: StreamCheckpointStore, *, keepalive: float = KEEPALIVE) -> list[Route]:
     """The routes ``GET /runs/{run_id}/events`` and ``POST /runs/{run_id}/stop`` of ``store``.
 
     Args:
         store: The store the producing models write to.
+        keepalive: Seconds without an event after which an event stream sends
+            a ``: keep-alive`` comment (15 s by default).
     """
+    if not keepalive > 0:
+        raise ValueError(f"keepalive must be a number of seconds > 0, got {keepalive!r}")
 
     async def events(request: Request) -> Response:
         run_id = _run_id(request)
@@ -122,7 +148,7 @@ def reader_routes(store: StreamCheckpointStore) -> list[Route]:
         except StreamCheckpointError:
             return _problem(503, "the store did not answer; try again")
         return StreamingResponse(
-            _stream(follower, replayed),
+            _stream(follower, replayed, keepalive),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
@@ -145,6 +171,6 @@ def reader_routes(store: StreamCheckpointStore) -> list[Route]:
     ]
 
 
-def reader_app(store: StreamCheckpointStore) -> Starlette:
+def reader_app(store: StreamCheckpointStore, *, keepalive: float = KEEPALIVE) -> Starlette:
     """A Starlette app serving `reader_routes` (mount it, or run it on its own)."""
-    return Starlette(routes=reader_routes(store))
+    return Starlette(routes=reader_routes(store, keepalive=keepalive))

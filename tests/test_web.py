@@ -149,3 +149,33 @@ def test_post_stop_ends_a_running_turn_and_its_stream_says_stopped(
     events = parse_sse(get(store, f"/runs/{run_id}/events").text)
     assert events[-1]["event"] == "stopped"
     assert "".join(e["data"]["text"] for e in events if e["event"] == "text") == result[0].text
+
+
+def test_a_silent_stream_sends_keep_alive_comments_that_readers_ignore(
+    server: LoopbackProvider, store: InMemoryStreamCheckpointStore
+) -> None:
+    # the provider stalls 0.4 s mid-answer: the stream says nothing for that long
+    server.enqueue(Scenario(text=ANSWER, chunk_size=6, fault=Fault.stall(0.4, after_events=5)))
+    run_id = uuid.uuid4()
+    producer = threading.Thread(target=produce, args=(server, store, run_id))
+    producer.start()
+    app = reader_app(store, keepalive=0.05)
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            for _ in range(2000):  # until the producer has written the run's first event
+                response = await client.get(f"/runs/{run_id}/events")
+                if response.status_code != 404:
+                    return response
+                await asyncio.sleep(0.005)
+            raise AssertionError("the run never started")
+
+    response = asyncio.run(call())
+    producer.join()
+    assert response.text.count(": keep-alive\n\n") >= 3
+    events = parse_sse(response.text)
+    assert [e["id"] for e in events] == list(range(1, len(events) + 1))
+    assert "".join(e["data"]["text"] for e in events if e["event"] == "text") == ANSWER
+    with pytest.raises(ValueError, match="keepalive"):
+        reader_app(store, keepalive=0)

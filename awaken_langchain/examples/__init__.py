@@ -1,0 +1,1 @@
+"""Example applications that ship with the package."""
