@@ -220,14 +220,6 @@ def go(process: Any) -> None:
     process.stdin.flush()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "a replacement process publishes again the text its predecessor published "
-        "beyond the last checkpoint: the page shows that stretch twice"
-    ),
-)
 def test_a_page_shows_the_answer_once_when_its_process_is_killed_and_replaced(
     app: App, context: Any, tmp_path: Path
 ) -> None:
