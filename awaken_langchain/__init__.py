@@ -9,36 +9,86 @@ them.
 """
 
 import logging
+from typing import TYPE_CHECKING, Any
 
-from awaken_langchain.callbacks import AsyncStreamCheckpointHandler, StreamCheckpointHandler
-from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
-from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
-from awaken_langchain.errors import (
-    AwakenError,
-    StreamCheckpointError,
-    StreamCheckpointFencedError,
-    StreamCheckpointWarning,
-    StreamEndedEarlyError,
-    StreamInterruptedError,
-    StreamStalledError,
-)
-from awaken_langchain.ledger import ToolLedger
-from awaken_langchain.model import RecoveringChatModel
-from awaken_langchain.readers import (
-    RunEvent,
-    RunOffsetError,
-    UnknownRunError,
-    afollow,
-    arequest_stop,
-    follow,
-    request_stop,
-)
-from awaken_langchain.retry import RetryPolicy
-from awaken_langchain.stores import (
-    DiskCacheStreamCheckpointStore,
-    FileStreamCheckpointStore,
-    InMemoryStreamCheckpointStore,
-)
+if TYPE_CHECKING:
+    from awaken_langchain.callbacks import AsyncStreamCheckpointHandler, StreamCheckpointHandler
+    from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+    from awaken_langchain.classify import ErrorInfo, ErrorKind, classify_error
+    from awaken_langchain.errors import (
+        AwakenError,
+        StreamCheckpointError,
+        StreamCheckpointFencedError,
+        StreamCheckpointWarning,
+        StreamEndedEarlyError,
+        StreamInterruptedError,
+        StreamStalledError,
+    )
+    from awaken_langchain.ledger import ToolLedger
+    from awaken_langchain.model import RecoveringChatModel
+    from awaken_langchain.readers import (
+        RunEvent,
+        RunOffsetError,
+        UnknownRunError,
+        afollow,
+        arequest_stop,
+        follow,
+        request_stop,
+    )
+    from awaken_langchain.retry import RetryPolicy
+    from awaken_langchain.stores import (
+        DiskCacheStreamCheckpointStore,
+        FileStreamCheckpointStore,
+        InMemoryStreamCheckpointStore,
+    )
+
+_HOMES = {
+    "AsyncStreamCheckpointHandler": "callbacks",
+    "StreamCheckpointHandler": "callbacks",
+    "StreamCheckpoint": "checkpoint",
+    "StreamCheckpointStore": "checkpoint",
+    "ErrorInfo": "classify",
+    "ErrorKind": "classify",
+    "classify_error": "classify",
+    "AwakenError": "errors",
+    "StreamCheckpointError": "errors",
+    "StreamCheckpointFencedError": "errors",
+    "StreamCheckpointWarning": "errors",
+    "StreamEndedEarlyError": "errors",
+    "StreamInterruptedError": "errors",
+    "StreamStalledError": "errors",
+    "ToolLedger": "ledger",
+    "RecoveringChatModel": "model",
+    "RunEvent": "readers",
+    "RunOffsetError": "readers",
+    "UnknownRunError": "readers",
+    "afollow": "readers",
+    "arequest_stop": "readers",
+    "follow": "readers",
+    "request_stop": "readers",
+    "RetryPolicy": "retry",
+    "DiskCacheStreamCheckpointStore": "stores",
+    "FileStreamCheckpointStore": "stores",
+    "InMemoryStreamCheckpointStore": "stores",
+}
+"""Where each public name lives. They are imported on first use, so a program that
+needs only the stores (the ``checkpoints`` command) does not import LangChain."""
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})
+
 
 __version__ = "0.1.0"
 """The package version, following Semantic Versioning; the package metadata reads it here."""

@@ -155,7 +155,7 @@ def _summary(checkpoint: StreamCheckpoint, now: float) -> dict[str, Any]:
 
 def _rows(store: StreamCheckpointStore, *, ledger: bool = False) -> list[dict[str, Any]]:
     """The store's in-flight turns, or (``ledger``) its tool ledger records."""
-    from awaken_langchain.ledger import LEDGER_PREFIX
+    from awaken_langchain._ledger_record import LEDGER_PREFIX
 
     now = store.clock()
     return [
@@ -167,7 +167,7 @@ def _rows(store: StreamCheckpointStore, *, ledger: bool = False) -> list[dict[st
 
 def _ledger_row(store: StreamCheckpointStore, run_id: str, now: float) -> dict[str, Any]:
     """One tool ledger record as the operator sees it (or why it cannot be read)."""
-    from awaken_langchain.ledger import read_record
+    from awaken_langchain._ledger_record import read_record
 
     try:
         checkpoint = store.get(run_id)
@@ -348,7 +348,7 @@ def cmd_checkpoints_show(args: argparse.Namespace, console: Console) -> int:
         now = store.clock()
     if checkpoint is None:
         raise CommandError(_not_found(args.run_id, args.store), exit_code=1)
-    from awaken_langchain.ledger import is_ledger_record
+    from awaken_langchain._ledger_record import is_ledger_record
 
     if is_ledger_record(checkpoint):
         return _show_ledger_record(args, console, checkpoint, now)
@@ -389,7 +389,7 @@ def _show_ledger_record(
 
     from rich.table import Table
 
-    from awaken_langchain.ledger import read_record
+    from awaken_langchain._ledger_record import read_record
 
     try:
         record = read_record(checkpoint)

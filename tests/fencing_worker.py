@@ -12,7 +12,8 @@ where KIND, ADDRESS and LOCATION name the store (see ``store_kinds.py``) and
 MODE is ``async`` (one task per run on the store's async methods) or
 ``threads`` (the sync API from a thread pool). The workers start together (a
 barrier of files in LOCATION), so their claims overlap. Prints one JSON object:
-claims, accepted and fenced writes.
+claims, accepted and fenced writes. The test runs `child` in processes forked
+from a fork server that has imported this module once.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +145,9 @@ async def main_async(store: StreamCheckpointStore, worker: int, runs: int, round
     return log
 
 
-def main() -> None:
-    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:9]
+def run(argv: list[str]) -> str:
+    """Drive the runs as ``argv`` (the command line's arguments) says; the log as JSON."""
+    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = argv[:8]
     worker, runs, rounds = int(worker_s), int(runs_s), int(rounds_s)
     store = open_store(kind, location, address)  # type: ignore[arg-type]
     store.list_run_ids()  # connected (and a new database's tables made) before the start
@@ -164,7 +167,22 @@ def main() -> None:
             ]:
                 future.result()
     store.close()
-    print(log.dump())
+    return log.dump()
+
+
+def child(argv: list[str], results: Connection) -> None:
+    """A fork server's process: `run`, and send its log (or the error) back."""
+    try:
+        results.send(("ok", run(argv)))
+    except BaseException as exc:  # the test reads it instead of a bare exit code
+        results.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        results.close()
+
+
+def main() -> None:
+    print(run(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -72,6 +72,28 @@ def test_python_dash_m_prints_help_and_exits_zero() -> None:
         assert command in result.stdout
 
 
+def test_the_checkpoints_command_starts_without_importing_langchain(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    DiskCacheStreamCheckpointStore(store).close()
+    code = (
+        "import sys\n"
+        "from awaken_langchain.cli import main\n"
+        f"status = main(['checkpoints', 'list', '--store', 'diskcache:{store}'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('langchain_core', 'langchain', 'langsmith', 'openai', 'anthropic')))\n"
+        "sys.exit(status)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import multiprocessing
 import os
 import signal
 import time
@@ -58,6 +57,7 @@ from awaken_langchain.testing._wire import (
 from awaken_langchain.testing.server import RecordedRequest
 from tests import provider_resume_child
 from tests.conftest import Drive
+from tests.fork_server import fork_server
 
 MODEL = "gpt-5-mini"
 # Three different sentences: a text that repeats a whole sentence, cut right after one
@@ -475,7 +475,7 @@ def kill_mid_turn(
     """Run the worker until it has streamed ``tokens`` chunks and checkpointed a response
     id (and, if given, until its checkpoint is ``ready``), then SIGKILL it; return the
     text it had shown."""
-    context = multiprocessing.get_context("spawn")
+    context = fork_server("tests.provider_resume_child")
     conn, child_end = context.Pipe()
     process = context.Process(
         target=provider_resume_child.worker,
