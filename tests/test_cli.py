@@ -605,7 +605,7 @@ def test_readme_set_up_has_two_commands_the_demo_and_the_test_suite() -> None:
     assert lines[marker + 1] == commands[1]
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
     extras = project["project"]["optional-dependencies"]
-    assert extras["demo"] == ["awaken-langchain[openai,anthropic,agents,cli]"]
+    assert extras["demo"] == ["awaken-langchain[openai,anthropic,agents,cli,web]"]
     assert "demo" in extras["dev"][0]
 
 
