@@ -47,8 +47,14 @@ from awaken_langchain._per_call import BoundPerCall
 from awaken_langchain._provider_resume import provider_resume_problem
 from awaken_langchain._reasoning import reasons
 from awaken_langchain._rebind import replace_model, with_settings
-from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
-from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
+from awaken_langchain.accumulator import dumps_args
+from awaken_langchain.checkpoint import (
+    DeferredCheckpoint,
+    StreamCheckpoint,
+    StreamCheckpointStore,
+    built,
+    model_identifier,
+)
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.events import Report, Reporter, share_tracer
