@@ -84,7 +84,6 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import functools
 import hashlib
 import hmac
 import itertools
@@ -455,11 +454,17 @@ class Head:
         return float(value) if isinstance(value, int | float) else 0.0
 
     def encode(self) -> bytes:
-        """Encode the head as JSON bytes (computed once per head)."""
-        return self._encoded
+        """Encode the head as JSON bytes (computed once per head).
 
-    @functools.cached_property
-    def _encoded(self) -> bytes:
+        Kept in the instance's ``__dict__`` by hand: ``functools.cached_property``
+        takes a lock shared by every head of every thread (Python 3.11).
+        """
+        encoded: bytes | None = self.__dict__.get("_encoded")
+        if encoded is None:
+            encoded = self.__dict__["_encoded"] = self._encode()
+        return encoded
+
+    def _encode(self) -> bytes:
         fields = self.fields
         if isinstance(fields, EncodedFields) and self.signature is None:
             # the same bytes as below, without decoding and re-encoding the fields
@@ -1095,8 +1100,14 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
         plan = self._prepare_put(checkpoint)
-        with self._backend_errors("put", plan.run_id):
+        try:  # `_backend_errors`, without a generator per put
             stored = self._put_plan(plan)
+        except StreamCheckpointError:
+            raise
+        except Exception as exc:
+            raise StreamCheckpointError(
+                f"{type(self).__name__}.put failed", run_id=plan.run_id, cause=exc
+            ) from exc
         self._finish_put(plan, stored)
 
     def put_many(
