@@ -69,7 +69,7 @@ def _snapshot_instructions() -> None:
 def _quick_steps() -> list[tuple[str, Callable[[], object]]]:
     """Each benchmark at a small size; valgrind counts are replaced by uncounted runs."""
     return [
-        ("overhead", lambda: overhead.main(chunks=2_000, rounds=1, turns=50)),
+        ("overhead", lambda: overhead.main(chunks=500, rounds=1, turns=20)),
         ("instructions", lambda: instructions.check(chunks=200)),
         ("sdk_overhead", lambda: sdk_overhead.main(chunks=200, rounds=1)),
         ("snapshot_instructions", snapshot_instructions.check),
@@ -79,11 +79,14 @@ def _quick_steps() -> list[tuple[str, Callable[[], object]]]:
             "recovery_latency",
             lambda: recovery_latency.main(prefixes=(1_000, 10_000), repeats=3, processes=1),
         ),
-        ("wasted_work", lambda: wasted_work.main(tokens=200, fractions=(0.5,), delay=0.0)),
-        ("concurrency", lambda: concurrency.main(streams=16, processes=2, chars=128)),
-        ("concurrency, paced", lambda: concurrency.paced(streams=16, processes=2, chars=120)),
-        ("lock_wait", lambda: lock_wait.main(processes=2, groups=50, rounds=1)),
-        ("capacity", lambda: capacity.main(chars=60, start=8, limit=16)),
+        ("wasted_work", lambda: wasted_work.main(tokens=100, fractions=(0.5,), delay=0.0)),
+        ("concurrency", lambda: concurrency.main(streams=8, processes=2, chars=64)),
+        ("concurrency, paced", lambda: concurrency.paced(streams=8, processes=2, chars=60)),
+        ("lock_wait", lambda: lock_wait.main(processes=2, groups=20, rounds=1)),
+        (  # one trial per case: the search itself is the full run's
+            "capacity",
+            lambda: capacity.main(chars=60, start=8, limit=8, late_ms=1_000.0, same_rounds=1),
+        ),
         ("paced_instructions", lambda: paced_instructions.check(streams=4, chars=40)),
         ("seam_accuracy", lambda: seam_accuracy.main(quick=True)),
         ("store_size", lambda: store_size.main(turns=100)),
