@@ -31,11 +31,11 @@ from pydantic import BaseModel
 from awaken_langchain.checkpoint import (
     CompletedBlock,
     CompletedToolCall,
+    DeferredCheckpoint,
     InFlightToolCall,
     NotExecutedToolCall,
     StreamCheckpoint,
     TextBlockStart,
-    checkpoint_with_text,
 )
 from awaken_langchain.events import NotExecutedCall
 from awaken_langchain.recovery import INVALID_ARGS_MARKER, SeamFilter
@@ -312,34 +312,6 @@ def _written(block: Any) -> int:
     if isinstance(summary, list):
         count += sum(_written(part) for part in summary)
     return count
-
-
-class DeferredCheckpoint:
-    """A checkpoint captured on the stream's path, built when it is written.
-
-    Attributes:
-        run_id: The run the checkpoint is for.
-    """
-
-    __slots__ = ("_count", "_fields", "_parts", "_text", "run_id")
-
-    def __init__(self, fields: dict[str, Any], text: str, parts: list[str], count: int) -> None:
-        self.run_id: str = fields["run_id"]
-        self._fields = fields
-        self._text = text
-        self._parts = parts
-        self._count = count
-
-    def build(self) -> StreamCheckpoint:
-        """The checkpoint as it was when captured (any thread may call this)."""
-        count = self._count
-        text = self._text + "".join(self._parts[:count]) if count else self._text
-        return checkpoint_with_text(self._fields, text)
-
-
-def built(checkpoint: StreamCheckpoint | DeferredCheckpoint) -> StreamCheckpoint:
-    """``checkpoint`` itself, or the checkpoint a capture stands for."""
-    return checkpoint.build() if isinstance(checkpoint, DeferredCheckpoint) else checkpoint
 
 
 class TurnAccumulator:

@@ -16,7 +16,7 @@ import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, NamedTuple, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -256,6 +256,105 @@ def checkpoint_with_text(fields: Mapping[str, Any], partial_text: str | None) ->
     _set_attribute(checkpoint, "__pydantic_extra__", None)
     _set_attribute(checkpoint, "__pydantic_private__", None)
     return checkpoint
+
+
+class GrowingText:
+    """A turn's text as a store sees it: a string and the pieces appended to it since.
+
+    The text is joined only when it is read whole (`whole`). A store that wrote
+    an earlier state of the same turn asks what was appended since (`after`),
+    which costs the appended pieces, not the whole text: two states of one turn
+    share their string and their list of pieces, a list that is only ever
+    appended to (its first ``count`` pieces never change).
+
+    Args:
+        base: The text before the pieces.
+        parts: The pieces appended since (only the first ``count`` belong to this text).
+        count: How many of ``parts`` belong to this text.
+    """
+
+    __slots__ = ("_base", "_count", "_joined", "_parts")
+
+    def __init__(self, base: str, parts: Sequence[str] = (), count: int = 0) -> None:
+        self._base = base
+        self._parts = parts
+        self._count = count
+        self._joined: str | None = None if count else base
+
+    def whole(self) -> str:
+        """The whole text (joined once, then kept)."""
+        joined = self._joined
+        if joined is None:
+            joined = self._joined = self._base + "".join(self._parts[: self._count])
+        return joined
+
+    def after(self, earlier: GrowingText) -> str | None:
+        """What this text appends to ``earlier``, or ``None`` if it does not begin with it.
+
+        Two states of one turn are told apart by identity (the same string, the
+        same list of pieces, no fewer of them), at the cost of the appended
+        pieces; any other pair is compared character by character.
+        """
+        start = earlier._count
+        if (
+            self._base is earlier._base
+            and start <= self._count
+            and (start == 0 or self._parts is earlier._parts)
+        ):
+            return "".join(self._parts[start : self._count])
+        text, before = self.whole(), earlier.whole()
+        return text[len(before) :] if text.startswith(before) else None
+
+    def last(self, chars: int) -> str:
+        """The last ``chars`` characters of the text (at most the whole text)."""
+        if chars <= 0:
+            return ""
+        joined = self._joined
+        if joined is not None:
+            return joined[len(joined) - chars :] if chars < len(joined) else joined
+        parts, index, taken = self._parts, self._count, 0
+        pieces: list[str] = []
+        while index > 0 and taken < chars:
+            index -= 1
+            piece = parts[index]
+            pieces.append(piece)
+            taken += len(piece)
+        pieces.reverse()
+        tail = "".join(pieces)
+        if taken >= chars:
+            return tail[taken - chars :]
+        base = self._base
+        return base[max(0, len(base) - (chars - taken)) :] + tail
+
+
+class DeferredCheckpoint:
+    """A checkpoint captured on the stream's path, built when it is written.
+
+    A store whose class takes such captures as they are
+    (``StreamCheckpointStore.takes_deferred``) writes what was appended since
+    its last write without joining the whole text; any other gets `build`.
+
+    Attributes:
+        run_id: The run the checkpoint is for.
+        fields: Every field but ``partial_text`` (as `checkpoint_with_text` takes them).
+        text: The text, as the string and pieces it was captured from.
+    """
+
+    __slots__ = ("fields", "run_id", "text")
+
+    def __init__(self, fields: dict[str, Any], text: str, parts: list[str], count: int) -> None:
+        self.run_id: str = fields["run_id"]
+        self.fields = fields
+        self.text = GrowingText(text, parts, count)
+
+    def build(self) -> StreamCheckpoint:
+        """The checkpoint as it was when captured (any thread may call this)."""
+        return checkpoint_with_text(self.fields, self.text.whole())
+
+
+def built(checkpoint: StreamCheckpoint | DeferredCheckpoint) -> StreamCheckpoint:
+    """``checkpoint`` itself, or the checkpoint a capture stands for."""
+    return checkpoint.build() if isinstance(checkpoint, DeferredCheckpoint) else checkpoint
 
 
 def model_identifier(llm_type: str, model_name: object = None) -> str:
@@ -543,6 +642,15 @@ class StreamCheckpointStore(ABC):
         max_checkpoint_bytes: Largest encoded checkpoint the store accepts.
         clock: Wall-clock time source, injectable for tests.
     """
+
+    takes_deferred: ClassVar[bool] = False
+    """Whether ``put``, ``put_many`` and ``put_many_now`` also take a `DeferredCheckpoint`.
+
+    A checkpoint writer then hands a stream's captures over unbuilt, and the
+    store writes what was appended since its last write of the run without
+    joining the turn's whole text. Only the exact class counts (as for
+    ``answers_at_once``): a subclass may override a put and read
+    ``partial_text``, so it gets built checkpoints unless it declares this again."""
 
     def __init__(
         self,

@@ -23,12 +23,11 @@ from pydantic import ValidationError
 from awaken_langchain._provider_resume import ProviderStream, ProviderStreamGoneError
 from awaken_langchain.accumulator import (
     CheckpointCadence,
-    DeferredCheckpoint,
     TurnAccumulator,
     dumps_args,
     shared_phase,
 )
-from awaken_langchain.checkpoint import ModelSpan, StreamCheckpoint
+from awaken_langchain.checkpoint import DeferredCheckpoint, ModelSpan, StreamCheckpoint
 from awaken_langchain.classify import _raised_inside_provider_sdk
 from awaken_langchain.errors import (
     StreamCheckpointError,

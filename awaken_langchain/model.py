@@ -55,8 +55,14 @@ from awaken_langchain._runlog import (
     open_tap,
     skip_seen,
 )
-from awaken_langchain.accumulator import DeferredCheckpoint, built, dumps_args
-from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore, model_identifier
+from awaken_langchain.accumulator import dumps_args
+from awaken_langchain.checkpoint import (
+    DeferredCheckpoint,
+    StreamCheckpoint,
+    StreamCheckpointStore,
+    built,
+    model_identifier,
+)
 from awaken_langchain.engine import Step, TurnEngine, TurnRequest, TurnSettings
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.events import Report, Reporter, share_tracer

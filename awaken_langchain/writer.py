@@ -59,8 +59,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar, cast
 
 from awaken_langchain._process import PROCESS
-from awaken_langchain.accumulator import DeferredCheckpoint, built
-from awaken_langchain.checkpoint import StreamCheckpoint, StreamCheckpointStore
+from awaken_langchain.checkpoint import (
+    DeferredCheckpoint,
+    StreamCheckpoint,
+    StreamCheckpointStore,
+    built,
+)
 from awaken_langchain.errors import StreamCheckpointError
 
 __all__ = ["CheckpointWriter", "StoreStalledError", "answers_at_once", "writer_for"]
@@ -139,6 +143,8 @@ class CheckpointWriter:
         self._sleeping = False  # the writer waits for a notification, not on a timer
         self._pid = os.getpid()
         self._inline = answers_at_once(store)
+        self._deferred = takes_deferred(store)
+        """Whether the store's class takes captures unbuilt (`takes_deferred`)."""
         self._written: dict[str, float] = {}
         """When `submit` last wrote each run on its own thread (a store that answers at once)."""
         self._put_now: (
@@ -162,8 +168,11 @@ class CheckpointWriter:
     ) -> None:
         """Hand over the newest state of a run; returns at once.
 
-        A `DeferredCheckpoint` is built on the writer thread, and only if no
-        newer one of its run arrives before the writer takes it.
+        A `DeferredCheckpoint` is written only if no newer one of its run
+        arrives before the writer takes it; it is built then, unless the
+        store's class takes it unbuilt (`takes_deferred`: the store writes
+        what was appended since its last write of the run, without joining
+        the turn's whole text).
 
         A store that answers at once (`answers_at_once`) is written on the
         calling thread instead, when the writer is not at work: a background
@@ -495,7 +504,7 @@ class CheckpointWriter:
     ) -> bool:
         errors: list[StreamCheckpointError | None] | None
         try:
-            puts = [built(p) for p in taken]
+            puts = self._ready(taken)
             if now:
                 assert self._put_now is not None
                 errors = self._put_now(puts)
@@ -518,6 +527,18 @@ class CheckpointWriter:
                 elif checkpoint.run_id in self._runs:  # else its turn has ended
                     self._failed[checkpoint.run_id] = _without_frames(error)
         return True
+
+    def _ready(self, taken: list[StreamCheckpoint | DeferredCheckpoint]) -> list[StreamCheckpoint]:
+        """The checkpoints to hand the store: captures unbuilt if its class takes them.
+
+        Only a `DeferredCheckpoint` itself goes unbuilt: a subclass may build
+        differently (and its `build` may fail, which is reported as a failed put).
+        """
+        if not self._deferred:
+            return [built(p) for p in taken]
+        ready = [p if type(p) is DeferredCheckpoint else built(p) for p in taken]
+        # a store whose class declares takes_deferred accepts captures in every put
+        return cast("list[StreamCheckpoint]", ready)
 
 
 def _without_frames(error: StreamCheckpointError) -> StreamCheckpointError:
@@ -583,6 +604,14 @@ def answers_at_once(store: StreamCheckpointStore) -> bool:
     must declare it again itself (``answers_at_once = True`` in its body).
     """
     return type(store).__dict__.get("answers_at_once") is True
+
+
+def takes_deferred(store: StreamCheckpointStore) -> bool:
+    """Whether ``store``'s class declares that its puts take a `DeferredCheckpoint` unbuilt.
+
+    Only the exact class counts, as for `answers_at_once`.
+    """
+    return type(store).__dict__.get("takes_deferred") is True
 
 
 def _declared(store: StreamCheckpointStore, name: str) -> Any:

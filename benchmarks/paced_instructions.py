@@ -194,6 +194,44 @@ def child(case: int, streams: int, chars: int, rate: float, collector: bool) -> 
     print(json.dumps({"chunks": chunks, "writes": writes}))
 
 
+def check_child(streams: int, chars: int, rate: float) -> None:
+    """Run every case's turns once on the virtual clock (`child` of each, in one process)."""
+    from benchmarks._virtual_clock import VirtualClockLoop
+
+    done = {}
+    for case in range(len(CASES)):
+        loop = VirtualClockLoop()
+        with tempfile.TemporaryDirectory() as tmp:
+            done[CASES[case]] = loop.run_until_complete(
+                _turns(CASES[case], streams, chars, rate, Path(tmp))
+            )
+        loop.close()
+    print(json.dumps(done))
+
+
+def check(streams: int = 4, chars: int = 40, rate: float = 30.0) -> None:
+    """Run every case once, not counted (one process, full speed): what ``--quick`` runs.
+
+    Each case's turns must each deliver their own text; the counting, under
+    valgrind, is left to the full run.
+
+    Raises:
+        RuntimeError: If a turn did not deliver its own text.
+    """
+    code = (
+        "import benchmarks._virtual_clock as v; v.install()\n"
+        "from benchmarks.paced_instructions import check_child\n"
+        f"check_child({streams}, {chars}, {rate})\n"
+    )
+    result, _ = run_child(code, what="paced instructions check")  # raises if a turn failed
+    if set(result) != set(CASES) or not all(chunks for chunks, _ in result.values()):
+        raise RuntimeError(f"not every case streamed: {result}")
+    print(
+        f"paced instructions per chunk: not counted in a quick run; every case's "
+        f"{streams} turns delivered their text on the virtual clock"
+    )
+
+
 def set_child(sets: int) -> None:
     """Write ``sets`` values of 600 bytes with plain diskcache ``set`` calls (over 64 keys)."""
     import diskcache

@@ -23,6 +23,7 @@ from benchmarks import (
     sdk_overhead,
     seam_accuracy,
     server_stores,
+    snapshot_instructions,
     wasted_work,
 )
 from benchmarks._common import child_env, run_child
@@ -382,3 +383,24 @@ def test_all_benchmarks_run_from_one_command() -> None:
         timeout=120,
     )
     assert "--quick" in out.stdout
+
+
+def test_quick_run_runs_every_benchmark_the_full_run_runs() -> None:
+    from benchmarks.__main__ import _full_steps, _quick_steps
+
+    quick = [name for name, _ in _quick_steps()]
+    # the real-SDK instruction counts are left out: sdk_overhead streams the same cases
+    assert quick == [name for name, _ in _full_steps() if name != "sdk_instructions"]
+
+
+def test_quick_instruction_checks_stream_every_case_uncounted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    instructions.check(chunks=20)
+    paced_instructions.check(streams=2, chars=20)
+    snapshot_instructions.check()
+    out = capsys.readouterr().out
+    assert "every case streamed its 20 chunks" in out
+    assert "every case's 2 turns delivered their text" in out
+    assert "each store held the turn's text" in out
+    assert gc.isenabled()

@@ -84,7 +84,6 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
-import functools
 import hashlib
 import hmac
 import itertools
@@ -109,11 +108,14 @@ from typing import Any, Generic, TypeVar
 from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    DeferredCheckpoint,
     FieldsCode,
+    GrowingText,
     StreamCheckpoint,
     StreamCheckpointStore,
     check_run_id,
     checkpoint_from_dict,
+    checkpoint_with_text,
     decode_json,
     encode_fields_again,
     encode_json,
@@ -148,8 +150,9 @@ DEFAULT_EPOCH_GRACE = 3600.0
 MEMO_LIMIT = 256
 """How many runs' last written text a store instance remembers for delta writes.
 
-The remembered text is the caller's own ``partial_text`` string (no copy); an
-entry is dropped when its run is deleted or when more runs are written."""
+The remembered text is the caller's own text (its ``partial_text`` string, or
+the string and list of pieces a `DeferredCheckpoint` was captured from; no
+copy); an entry is dropped when its run is deleted or when more runs are written."""
 
 
 def encode_text(text: str) -> bytes:
@@ -451,11 +454,17 @@ class Head:
         return float(value) if isinstance(value, int | float) else 0.0
 
     def encode(self) -> bytes:
-        """Encode the head as JSON bytes (computed once per head)."""
-        return self._encoded
+        """Encode the head as JSON bytes (computed once per head).
 
-    @functools.cached_property
-    def _encoded(self) -> bytes:
+        Kept in the instance's ``__dict__`` by hand: ``functools.cached_property``
+        takes a lock shared by every head of every thread (Python 3.11).
+        """
+        encoded: bytes | None = self.__dict__.get("_encoded")
+        if encoded is None:
+            encoded = self.__dict__["_encoded"] = self._encode()
+        return encoded
+
+    def _encode(self) -> bytes:
         fields = self.fields
         if isinstance(fields, EncodedFields) and self.signature is None:
             # the same bytes as below, without decoding and re-encoding the fields
@@ -630,7 +639,7 @@ class LastWrite:
 
     Attributes:
         write_id: The ``write_id`` of the stored head at that time.
-        text: The full text stored at that time.
+        text: The full text stored at that time (joined only if something read it whole).
         text_bytes: Its encoded length.
         extra: The stored head's backend layout details at that time.
         text_hash: SHA-256 state over the encoded text (signing stores only), so
@@ -643,7 +652,7 @@ class LastWrite:
     """
 
     write_id: str
-    text: str
+    text: GrowingText
     text_bytes: int
     extra: Mapping[str, Any]
     text_hash: Any = None
@@ -658,7 +667,7 @@ class PutPlan:
     Attributes:
         run_id: The run written.
         epoch: The writer's epoch.
-        text: The checkpoint's full text.
+        text: The checkpoint's full text (joined only when a rewrite writes it whole).
         fields: Every other field, with ``updated_at`` stamped by the store.
         write_id: The token naming this write.
         last: What this store instance last wrote or read for the run, if anything.
@@ -669,7 +678,7 @@ class PutPlan:
 
     run_id: str
     epoch: int
-    text: str
+    text: GrowingText
     fields: Mapping[str, Any]
     write_id: str
     last: LastWrite | None
@@ -844,9 +853,18 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 
     # -- the steps of put and get, shared with natively async backends ----------
 
-    def _prepare_put(self, checkpoint: StreamCheckpoint) -> PutPlan:
-        """Validate a checkpoint to put and stamp it with the store's clock."""
-        if not isinstance(checkpoint, StreamCheckpoint):
+    def _prepare_put(self, checkpoint: StreamCheckpoint | DeferredCheckpoint) -> PutPlan:
+        """Validate a checkpoint to put and stamp it with the store's clock.
+
+        A `DeferredCheckpoint`'s text stays unjoined: an append writes only
+        what was appended since the run's last write.
+        """
+        if type(checkpoint) is DeferredCheckpoint:
+            text = checkpoint.text
+            checkpoint = checkpoint_with_text(checkpoint.fields, "")  # the fields alone
+        elif isinstance(checkpoint, StreamCheckpoint):
+            text = GrowingText(checkpoint.partial_text)
+        else:
             raise StreamCheckpointError(
                 f"put expects a StreamCheckpoint, got {type(checkpoint).__name__}"
             )
@@ -860,7 +878,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         return PutPlan(
             run_id,
             checkpoint.epoch,
-            checkpoint.partial_text,
+            text,
             EncodedFields(data),
             new_write_id(),
             last,
@@ -877,7 +895,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         delta = self._append_delta(plan)
         if last is None or delta is None:
             return None
-        data, text_hash = delta
+        data, text_hash, _ = delta
         head = Head(
             plan.run_id,
             plan.fields,
@@ -891,25 +909,27 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         self._check_size(head)
         return head, data
 
-    def _append_delta(self, plan: PutPlan) -> tuple[bytes, Any] | None:
-        """The encoded text an append of ``plan`` adds, and the text's SHA-256 state after it.
+    def _append_delta(self, plan: PutPlan) -> tuple[bytes, Any, int] | None:
+        """What an append of ``plan`` adds: encoded text, SHA-256 state after it, characters.
 
         ``None`` when the put must rewrite the text: its run has no last write,
         the new text does not extend the text written last, or a signing store
         lacks that text's hash state. The state is ``None`` for a store that
-        does not sign.
+        does not sign. Costs the appended text, not the whole
+        (`GrowingText.after`).
         """
         last = plan.last
-        if last is None or not plan.text.startswith(last.text):
+        if last is None or (self._signing_key is not None and last.text_hash is None):
             return None
+        added = plan.text.after(last.text)
+        if added is None:
+            return None
+        delta = encode_text(added)
         if self._signing_key is None:
-            return encode_text(plan.text[len(last.text) :]), None
-        if last.text_hash is None:
-            return None
-        delta = encode_text(plan.text[len(last.text) :])
+            return delta, None, len(added)
         text_hash = last.text_hash.copy()
         text_hash.update(delta)
-        return delta, text_hash
+        return delta, text_hash, len(added)
 
     def _rewrite_step(self, plan: PutPlan) -> tuple[Head, bytes]:
         """Return the head and whole text to write.
@@ -932,7 +952,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 
         The state is ``None`` for a store that does not sign.
         """
-        data = encode_text(plan.text)
+        data = encode_text(plan.text.whole())
         return data, hashlib.sha256(data) if self._signing_key is not None else None
 
     def _append_layout(self, last: LastWrite, delta: int) -> Mapping[str, Any]:
@@ -1015,7 +1035,8 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         text = decode_text(data, run_id=run_id)
         checkpoint = checkpoint_from_dict({**head.fields, "partial_text": text}, run_id=run_id)
         self._remember(
-            run_id, LastWrite(head.write_id, text, head.text_bytes, head.extra, text_hash)
+            run_id,
+            LastWrite(head.write_id, GrowingText(text), head.text_bytes, head.extra, text_hash),
         )
         return checkpoint
 
@@ -1069,7 +1090,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         with self._backend_errors("claim", run_id):
             return self._backend_claim(run_id)
 
-    def put(self, checkpoint: StreamCheckpoint) -> None:
+    def put(self, checkpoint: StreamCheckpoint | DeferredCheckpoint) -> None:
         """Store the checkpoint, writing only the new text when it extends the last.
 
         Raises:
@@ -1079,9 +1100,33 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
         plan = self._prepare_put(checkpoint)
-        with self._backend_errors("put", plan.run_id):
+        try:  # `_backend_errors`, without a generator per put
             stored = self._put_plan(plan)
+        except StreamCheckpointError:
+            raise
+        except Exception as exc:
+            raise StreamCheckpointError(
+                f"{type(self).__name__}.put failed", run_id=plan.run_id, cause=exc
+            ) from exc
         self._finish_put(plan, stored)
+
+    def put_many(
+        self, checkpoints: Sequence[StreamCheckpoint | DeferredCheckpoint]
+    ) -> list[StreamCheckpointError | None]:
+        """Store several runs' checkpoints, each as `put` would (captures too).
+
+        Returns:
+            For each checkpoint, in order, ``None`` or the error its put raised.
+        """
+        errors: list[StreamCheckpointError | None] = []
+        for checkpoint in checkpoints:
+            try:
+                self.put(checkpoint)
+            except StreamCheckpointError as exc:
+                errors.append(exc)
+            else:
+                errors.append(None)
+        return errors
 
     def get(self, run_id: str) -> StreamCheckpoint | None:
         """Return the run's checkpoint, or ``None`` if there is none or it expired.

@@ -9,13 +9,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import diskcache
 
 from awaken_langchain._process import PROCESS
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    DeferredCheckpoint,
     StreamCheckpoint,
     decode_json,
     encode_json,
@@ -558,6 +559,9 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
             ``read_only=True`` holds no checkpoint store.
     """
 
+    takes_deferred: ClassVar[bool] = True
+    """Its puts take a stream's captures unbuilt (see `StreamCheckpointStore.takes_deferred`)."""
+
     def __init__(
         self,
         directory: str | os.PathLike[str],
@@ -956,14 +960,14 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
     def _finish_put(self, plan: PutPlan, stored: Head, state: Any = None) -> None:
         """Remember a put of the general path, with what the next put needs to skip it."""
         sizes = stored.extra.get("segments")
-        chars = _segment_chars(plan.text, sizes) if isinstance(sizes, list) else None
+        chars = _segment_chars(plan.text.whole(), sizes) if isinstance(sizes, list) else None
         if chars is not None:
             state = _Stored(stored.encode(), chars, None, None, _run_keys(plan.run_id))
         super()._finish_put(plan, stored, state)
 
     # -- group commit ---------------------------------------------------------------
 
-    def put(self, checkpoint: StreamCheckpoint) -> None:
+    def put(self, checkpoint: StreamCheckpoint | DeferredCheckpoint) -> None:
         """Store the checkpoint, writing only the new text when it extends the last.
 
         Raises:
@@ -977,7 +981,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
             raise error
 
     def put_many(
-        self, checkpoints: Sequence[StreamCheckpoint]
+        self, checkpoints: Sequence[StreamCheckpoint | DeferredCheckpoint]
     ) -> list[StreamCheckpointError | None]:
         """Store several runs' checkpoints in one SQLite transaction (group commit).
 
@@ -1010,7 +1014,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         return errors
 
     def put_many_now(
-        self, checkpoints: Sequence[StreamCheckpoint]
+        self, checkpoints: Sequence[StreamCheckpoint | DeferredCheckpoint]
     ) -> list[StreamCheckpointError | None] | None:
         """`put_many`, unless another connection holds the write lock: then ``None``.
 
@@ -1043,7 +1047,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
                 raise
 
     def _put_many(
-        self, checkpoints: Sequence[StreamCheckpoint], *, none_if_busy: bool
+        self, checkpoints: Sequence[StreamCheckpoint | DeferredCheckpoint], *, none_if_busy: bool
     ) -> list[StreamCheckpointError | None] | None:
         if not checkpoints:
             return []
@@ -1198,24 +1202,23 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         Raises:
             StreamCheckpointError: If the record would exceed ``max_checkpoint_bytes``.
         """
-        text = plan.text
         last = plan.last
         sizes: list[int] = [] if last is None else last.extra["segments"]
         chars: tuple[int, ...] = () if state is None else state.chars
         rows: list[tuple[bytes, bytes]] = []
         append = self._append_delta(plan)
         if last is not None and append is not None:  # append the new text to the tail
-            delta, text_hash = append
+            delta, text_hash, added = append
             text_bytes = last.text_bytes + len(delta)
             first, new_sizes = plan_append(sizes, len(delta))
             if delta:
-                offset = sum(chars[:first])
-                merged = encode_text(text[offset:])
+                tail = sum(chars[first:]) + added  # the merged segments' characters and the new
+                merged = encode_text(plan.text.last(tail))
                 if len(merged) != new_sizes[first] or len(merged) >= largest:
                     # it holds every segment it replaces: none of them is a file when it
                     # is small enough to be a row, and the segments before stay as they are
                     return None
-                chars = (*chars[:first], len(text) - offset)
+                chars = (*chars[:first], tail)
                 rows.append((_segment_key(prefix, first), merged))
         else:  # rewrite the whole text as one segment
             if sizes and max(sizes) >= largest:
@@ -1225,7 +1228,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
                 return None
             text_bytes = len(data)
             new_sizes = [text_bytes] if data else []
-            chars = (len(text),) if data else ()
+            chars = (len(plan.text.whole()),) if data else ()
             if data:
                 rows.append((_segment_key(prefix, 0), data))
         head = self._layout_head(plan, text_bytes, new_sizes, text_hash)

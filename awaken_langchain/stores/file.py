@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from awaken_langchain.checkpoint import DEFAULT_MAX_CHECKPOINT_BYTES, decode_json, encode_json
 from awaken_langchain.errors import StreamCheckpointError
@@ -153,6 +154,9 @@ class FileStreamCheckpointStore(DeltaCheckpointStore):
         StreamCheckpointError: If the directory cannot be opened, or with
             ``read_only=True`` holds no checkpoint store.
     """
+
+    takes_deferred: ClassVar[bool] = True
+    """Its puts take a stream's captures unbuilt (see `StreamCheckpointStore.takes_deferred`)."""
 
     def __init__(
         self,

@@ -56,6 +56,9 @@ class InMemoryStreamCheckpointStore(DeltaCheckpointStore):
     follow (see `CheckpointWriter.call` and `CheckpointWriter.submit`). A subclass
     keeps the writer thread unless it sets this again in its own body."""
 
+    takes_deferred: ClassVar[bool] = True
+    """Its puts take a stream's captures unbuilt (see `StreamCheckpointStore.takes_deferred`)."""
+
     def __init__(
         self,
         *,

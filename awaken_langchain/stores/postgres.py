@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 try:
     import psycopg
@@ -145,6 +145,9 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
         ValueError: If there is no connection or both a DSN and a pool, or
             ``table``/``schema`` is not a plain lower-case identifier.
     """
+
+    takes_deferred: ClassVar[bool] = True
+    """Its puts take a stream's captures unbuilt (see `StreamCheckpointStore.takes_deferred`)."""
 
     def __init__(
         self,

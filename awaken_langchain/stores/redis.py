@@ -48,7 +48,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 try:
@@ -67,6 +67,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
+    DeferredCheckpoint,
     StreamCheckpoint,
     check_run_id,
 )
@@ -308,6 +309,9 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
         ValueError: If the settings are inconsistent: no connection, both a URL
             and clients, a client that decodes responses, or braces in ``prefix``.
     """
+
+    takes_deferred: ClassVar[bool] = True
+    """Its puts take a stream's captures unbuilt (see `StreamCheckpointStore.takes_deferred`)."""
 
     def __init__(
         self,
@@ -619,7 +623,7 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     # -- group commit -------------------------------------------------------------------
 
     def put_many(
-        self, checkpoints: Sequence[StreamCheckpoint]
+        self, checkpoints: Sequence[StreamCheckpoint | DeferredCheckpoint]
     ) -> list[StreamCheckpointError | None]:
         """Store several runs' checkpoints in one pipelined round trip (group commit).
 
