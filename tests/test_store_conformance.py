@@ -59,7 +59,7 @@ class ProjectStoreKit(StoreConformanceTests):
         if self.backend.child_source is None:
             return None
         names = (
-            "{**vars(__import__('awaken_langchain')), "
+            "{**{n: getattr(m, n) for m in [__import__('awaken_langchain')] for n in m.__all__}, "
             f"'location': __import__('pathlib').Path({str(make_store.location)!r})}}"
         )
         return f"eval({self.backend.child_source!r}, {names})"
