@@ -19,6 +19,7 @@ from benchmarks import (
     lock_wait,
     overhead,
     paced_instructions,
+    readers,
     recovery_latency,
     sdk_instructions,
     sdk_overhead,
@@ -73,6 +74,7 @@ def main(quick: bool = False) -> None:
         store_size.main(turns=100)
         tool_ledger.main(calls=30)
         server_stores.main(puts=5, turns=2, concurrent=8)
+        readers.quick()
     else:
         overhead.main()
         _instructions()
@@ -91,6 +93,7 @@ def main(quick: bool = False) -> None:
         store_size.main()
         tool_ledger.main()
         server_stores.main(instructions=shutil.which("valgrind") is not None)
+        readers.main()
     print(f"all benchmarks ran in {time.perf_counter() - started:.0f} s")
 
 
