@@ -34,15 +34,19 @@ answers in one of these ways (a family of continuations):
 The continuation is fed to the filter in pieces of 1, 3, 4 or 7 characters (by
 case). The output should be the uncut text's rest. Characters missing from it
 were **wrongly deleted**; text left in front of it is a repeat **left in**. A
-repeat left in is counted as kept by design when the text repeats it for real
-as often: one run of a repeated pattern (``"-----"``, ``"| 0 | 0"``), text
-that the prefix already holds right before it, a single letter, fewer than 4
-CJK characters, or (the one ambiguous case) a single word after a space.
+repeat left in is counted as kept by design, by class, when it is one a text
+may hold for real (see :func:`kept_by_design`): one run of a repeated pattern,
+text the prefix already holds right before it, a repeat that begins with a line
+break, a table cell, a single word after a space, a single letter, a single
+word without a letter (a number, a mark), fewer than 4 CJK characters.
 
-A last table shows the two ambiguities both ways: with the single spaced word
-kept (the rule) and removed, what is left in and what is wrongly deleted.
+The ambiguity table takes each class the other way: a filter that also
+removes the class, run over the natural cuts, shows what that would wrongly
+delete from each group of texts (the written corpus, the real streams, the
+project docs, and apart the two texts written to repeat things for real), with
+a few of the cuts.
 
-A second table times a long repeat after a 200 KB prefix, fed one character at
+A last table times a long repeat after a 200 KB prefix, fed one character at
 a time.
 
 Run: ``python -m benchmarks.seam_accuracy [--quick] [--realwire DIR]``
@@ -195,6 +199,7 @@ REASONS = (
     "line break",
     "table cell",
     "spaced word",
+    "indented spaced word",
     "single letter",
     "number",
     "mark",
@@ -220,9 +225,9 @@ def kept_by_design(text: str, restart: int, repeat: str, after: str = "") -> str
     - ``"line break"``: a repeat that begins with a line break, a whole line
       again as refrains and table rows are;
     - ``"table cell"``: a repeat in a table row that is not the whole row;
-    - ``"spaced word"``: a single word after a space (``"had"`` + ``" had"``), also
-      after the last space of a line's indentation, or an indentation of one
-      character;
+    - ``"spaced word"``: a single word after a space (``"had"`` + ``" had"``);
+    - ``"indented spaced word"``: the same at a line's start, after the last
+      space of its indentation or an indentation of one character;
     - ``"single letter"``: one letter, glued or after a line's indentation, but
       for a capital followed by a lowercase letter or an apostrophe (``"T"`` +
       ``"The"``);
@@ -248,7 +253,8 @@ def kept_by_design(text: str, restart: int, repeat: str, after: str = "") -> str
         return "table cell"
     indented = restart > 0 and text[restart - 1] == "\n" and len(lead) >= 2
     if lead and not indented and len(body.split()) < 2:
-        return "spaced word"
+        in_indentation = restart > 0 and text[:restart].rstrip(" \t").endswith("\n")
+        return "indented spaced word" if in_indentation else "spaced word"
     named = sum(1 for word in body.split() if any(c.isalnum() for c in word))
     if named >= 2:
         return ""

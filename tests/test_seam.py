@@ -355,7 +355,7 @@ def test_a_cjk_repeat_is_removed_from_four_characters(text: str, words: int) -> 
 @st.composite
 def seams(draw: st.DrawFn) -> tuple[str, str, list[int]]:
     """A prefix, a continuation that often repeats its end, and where to split it."""
-    alphabet = st.sampled_from(list("ab ab\n -研究"))
+    alphabet = st.sampled_from(list("ab ab\n -研究TTh'"))
     prefix = draw(st.text(alphabet, max_size=40))
     start = draw(st.integers(0, len(prefix)))
     continuation = prefix[start:] + draw(st.text(alphabet, max_size=20))
