@@ -18,14 +18,23 @@ space). It is removed when repeating it is not what a text does:
 
 - **glued**, starting at a word (it joins the prefix's last word without a
   space): two characters or more with a letter (``"I'mI'm"``, ``"TheThe"`` are
-  not text), or two words with a letter or digit;
-- **indented**, starting at a line's indentation: as a spaced one (below). A
-  line indented by two spaces that holds one word, then that word again after
-  two spaces, is real text, and a restart of that line looks the same;
-- **spaced**, starting after a space on the same line: two words or more, one
-  of them with a letter (``" over the"``), or two with a digit (``" 2024 05"``).
-  A single word after a space is kept: ``"he had"`` + ``" had a dog"`` is as
-  often a real doubled word (``"had had"``, ``"that that"``) as a repeat;
+  not text), or two words with a letter or digit; or a word cut after its
+  first letter, a capital, when the continuation has a lowercase letter or an
+  apostrophe after it (``"T"`` + ``"The"``, ``"I"`` + ``"I'm"``): left in, the
+  word would begin ``"TThe"``. Other single letters are kept: words begin
+  with a doubled letter (``"uuid"``, ``"LLM"``, ``"II"``). So are single words
+  without a letter: ``"2020"`` is ``"20"`` twice, ``"--flag"`` and ``"===="``
+  double a mark;
+- **indented**, starting at a line's whole indentation of two characters or
+  more: as a glued one (``'    "day":'`` + ``'    "day": "Monday"'``). Left in,
+  the line would hold its first word again after the same whitespace, which
+  only a column that repeats its first cell does. After an indentation of one
+  character, as a spaced one;
+- **spaced**, starting after a space on the same line (the last space of an
+  indentation too): two words or more, one of them with a letter (``" over
+  the"``), or two with a digit (``" 2024 05"``). A single word after a space
+  is kept: ``"he had"`` + ``" had a dog"`` is as often a real doubled word
+  (``"had had"``, ``"that that"``) as a repeat;
 - **at a line break** (in the whitespace before one, or on a line of its own
   with no letter or digit, such as a table row's closing ``"|"``): kept. It is
   the whole last line again, which texts repeat for real (a refrain, a table
@@ -61,6 +70,11 @@ MIN_CHARS = 2
 """A glued repeat of this many characters (one a letter) is removed."""
 MIN_CJK_CHARS = 4
 """A repeat with this many CJK characters or more is removed (CJK has no spaces)."""
+MIN_INDENT = 2
+"""A repeat that begins with a line's whole indentation of this many characters or
+more is removed as a glued one; after less, as a spaced one."""
+APOSTROPHES = "'\u2019"
+"""A straight and a typographic apostrophe."""
 
 Kind = Literal["glued", "indented", "broken", "spaced"]
 """Where a repeat starts: at a word; at a line's indentation; at a line break
@@ -137,31 +151,46 @@ def repeat_kind(text: str, index: int) -> Kind:
     return "spaced"
 
 
-def is_removable_size(
-    repeat: str, kind: Kind = "glued", *, spaced_words: int = MIN_WORDS, line_breaks: bool = False
-) -> bool:
+def is_removable_size(repeat: str, kind: Kind = "glued", after: str = "") -> bool:
     """Whether ``repeat``, of ``kind``, is long enough that repeating it is not real text.
 
-    ``spaced_words`` is the fewest words a spaced repeat needs, and
-    ``line_breaks`` says whether a repeat that begins with a line break is
-    removed like a spaced one: the benchmark measures the other side of each
-    ambiguity with them.
+    ``after`` is the continuation's character after the repeat ("" when it has
+    not arrived): a glued capital letter is removed when a lowercase letter or
+    an apostrophe follows it (``"T"`` + ``"The"``, ``"I"`` + ``"I'm"``).
     """
     body = repeat.lstrip()
     if sum(1 for c in body if c.isalnum() and is_unspaced(c)) >= MIN_CJK_CHARS:
         return True
-    if kind == "broken" and not line_breaks:
+    if kind == "broken":
         return False
     letter = any(c.isalpha() and not is_unspaced(c) for c in body)
-    if kind in ("spaced", "broken", "indented"):
-        # a line's indentation and one word is what a text with that word after the
-        # same whitespace holds for real ("the\n  the  the"): like a spaced word
-        words = body.split(None, spaced_words)
-        if len(words) < spaced_words:
+    if kind == "spaced" or (kind == "indented" and len(repeat) - len(body) < MIN_INDENT):
+        words = body.split(None, MIN_WORDS)
+        if len(words) < MIN_WORDS:
             return False
         return letter or sum(1 for w in words if any(c.isalnum() for c in w)) >= MIN_WORDS
     named = sum(1 for word in body.split(None, MIN_WORDS) if any(c.isalnum() for c in word))
-    return (letter and len(body) >= MIN_CHARS) or named >= MIN_WORDS
+    if (letter and len(body) >= MIN_CHARS) or named >= MIN_WORDS:
+        return True
+    return is_capital_restart(body + after)
+
+
+def is_capital_restart(text: str) -> bool:
+    """Whether ``text`` restarts a word cut after its first letter, a capital.
+
+    ``text`` is the continuation of a prefix that ends with its first character
+    as the start of a word: a capital letter, then a lowercase letter or an
+    apostrophe (``"T"`` + ``"The"``, ``"I"`` + ``"I'm"``). Left in, the word
+    would begin with the same capital twice before a lowercase letter
+    (``"TThe"``), which text does not write; other doubled first letters are
+    words (``"uuid"``, ``"II"``, ``"LLM"``).
+    """
+    return (
+        len(text) >= 2
+        and text[0].isupper()
+        and not is_unspaced(text[0])
+        and (text[1].islower() or text[1] in APOSTROPHES)
+    )
 
 
 def is_pattern_run(repeat: str) -> bool:
@@ -182,18 +211,17 @@ def is_pattern_run(repeat: str) -> bool:
     return False
 
 
-def is_removable_repeat(
-    text: str, index: int, *, spaced_words: int = MIN_WORDS, line_breaks: bool = False
-) -> bool:
+def is_removable_repeat(text: str, index: int, after: str = "") -> bool:
     """Whether a continuation that starts with ``text[index:]`` repeats it, to be removed.
 
-    ``text`` is the prefix as the continuation request carried it (stripped).
+    ``text`` is the prefix as the continuation request carried it (stripped);
+    ``after`` is the continuation's character after the repeat, if known.
     """
     if not is_repeat_start(text, index):
         return False
     repeat = text[index:]
     kind = repeat_kind(text, index)
-    if not is_removable_size(repeat, kind, spaced_words=spaced_words, line_breaks=line_breaks):
+    if not is_removable_size(repeat, kind, after):
         return False
     body = repeat.lstrip()
     before = index
@@ -234,11 +262,6 @@ class SeamFilter:
         prefix: The text of the turn the caller has already received.
     """
 
-    _spaced_words = MIN_WORDS
-    """The fewest words a spaced repeat needs to be removed."""
-    _line_breaks = False
-    """Whether a repeat that begins with a line break is removed (as a spaced one)."""
-
     def __init__(self, prefix: str) -> None:
         self._sent = prefix.rstrip()
         """The prefix as the continuation request carried it."""
@@ -247,6 +270,14 @@ class SeamFilter:
         self._text = " " + self._sent if self._sent else ""
         """Where repeats are looked for: the sent prefix after a space, as a provider
         that repeats all of it may begin with the space its first token carries."""
+        self._capital = (
+            not self._stripped
+            and bool(self._sent)
+            and self._sent[-1].isupper()
+            and is_word_start(self._text, len(self._text) - 1)
+        )
+        """Whether the prefix ends inside a word at its first letter, a capital, which
+        is a repeat when the character after it in the continuation says so."""
         self._last_start = self._last_removable_start()
         """The last repeat start whose suffix is long enough to be removed (-1: none)."""
         self._parts: list[str] = []
@@ -285,7 +316,7 @@ class SeamFilter:
         candidate = self._candidate
         if candidate >= 0:
             end = candidate + self._held
-            whole = bool(self._stripped)  # a whole match waits for the character after it
+            whole = bool(self._stripped) or self._capital  # a whole match waits for the next
             if end < len(self._text) + whole and self._text.startswith(text, candidate + before):
                 return ""
             start = candidate + 1
@@ -309,17 +340,19 @@ class SeamFilter:
             if (
                 0 <= index <= self._last_start
                 and self._text.endswith(held)
-                and is_removable_repeat(
-                    self._text,
-                    index,
-                    spaced_words=self._spaced_words,
-                    line_breaks=self._line_breaks,
-                )
+                and self._is_removable(index)
             ):
                 self._repeat = len(held)
         released = self._decide()
         self._whitespace = ""
         return released
+
+    def _is_removable(self, index: int, after: str = "") -> bool:
+        """Whether a continuation that starts with ``self._text[index:]`` repeats it.
+
+        ``after`` is the continuation's character after that, if known.
+        """
+        return is_removable_repeat(self._text, index, after)
 
     def _last_removable_start(self) -> int:
         """A bound: no repeat that starts after it is long enough to be removed (-1: none).
@@ -328,6 +361,8 @@ class SeamFilter:
         bound costs one pass however long the prefix.
         """
         sent = self._text
+        if self._capital:
+            return len(sent) - 1
         letter = named_word = False
         cjk = words = named = 0
         for index in range(len(sent) - 1, -1, -1):
@@ -347,10 +382,8 @@ class SeamFilter:
                 or (letter and len(sent) - index >= MIN_CHARS)
             ):
                 return index  # glued
-            if letter and words >= self._spaced_words and sent[index - 1].isspace():
-                kind = repeat_kind(sent, index - 1)
-                if kind == "spaced" or (kind == "broken" and self._line_breaks):
-                    return index - 1
+            if letter and words >= MIN_WORDS and repeat_kind(sent, index - 1) == "spaced":
+                return index - 1
         return -1
 
     def _find_repeats_ending_in(self, before: int, text: str, previous: str = "") -> None:
@@ -364,6 +397,10 @@ class SeamFilter:
         and ``previous`` is the held text's last character before ``text``.
         """
         sent = self._text
+        if self._capital and before <= 1 < self._held:  # the capital's next character is in
+            second = self._parts[0][1] if len(self._parts[0]) > 1 else self._parts[1][0]
+            if self._parts[0][0] == sent[-1] and self._is_removable(len(sent) - 1, second):
+                self._repeat = 1
         confirm = bool(self._stripped) and bool(previous or before == 0)
         low = max(len(sent) - self._held + confirm, 0)
         high = min(len(sent) - max(before + 1 - confirm, 1), self._last_start)
@@ -384,9 +421,7 @@ class SeamFilter:
                 if (
                     held.startswith(sent[index:])
                     and (not confirm or not _joins(last_char, held[size]))
-                    and is_removable_repeat(
-                        sent, index, spaced_words=self._spaced_words, line_breaks=self._line_breaks
-                    )
+                    and self._is_removable(index)
                 ):
                     self._repeat = size
                     return
@@ -397,7 +432,7 @@ class SeamFilter:
         held = "".join(self._parts)
         self._parts = [held]
         sent = self._text
-        whole = bool(self._stripped)  # a whole match waits for the character after it
+        whole = bool(self._stripped) or self._capital  # a whole match waits for the next
         end = min(self._last_start, len(sent) - 1 - len(held) + whole) + len(held)
         index = sent.find(held, start, end)
         while index != -1 and not is_repeat_start(sent, index):

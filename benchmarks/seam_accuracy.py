@@ -34,15 +34,19 @@ answers in one of these ways (a family of continuations):
 The continuation is fed to the filter in pieces of 1, 3, 4 or 7 characters (by
 case). The output should be the uncut text's rest. Characters missing from it
 were **wrongly deleted**; text left in front of it is a repeat **left in**. A
-repeat left in is counted as kept by design when the text repeats it for real
-as often: one run of a repeated pattern (``"-----"``, ``"| 0 | 0"``), text
-that the prefix already holds right before it, a single letter, fewer than 4
-CJK characters, or (the one ambiguous case) a single word after a space.
+repeat left in is counted as kept by design, by class, when it is one a text
+may hold for real (see :func:`kept_by_design`): one run of a repeated pattern,
+text the prefix already holds right before it, a repeat that begins with a line
+break, a table cell, a single word after a space, a single letter, a single
+word without a letter (a number, a mark), fewer than 4 CJK characters.
 
-A last table shows the two ambiguities both ways: with the single spaced word
-kept (the rule) and removed, what is left in and what is wrongly deleted.
+The ambiguity table takes each class the other way: a filter that also
+removes the class, run over the natural cuts, shows what that would wrongly
+delete from each group of texts (the written corpus, the real streams, the
+project docs, and apart the two texts written to repeat things for real), with
+a few of the cuts.
 
-A second table times a long repeat after a 200 KB prefix, fed one character at
+A last table times a long repeat after a 200 KB prefix, fed one character at
 a time.
 
 Run: ``python -m benchmarks.seam_accuracy [--quick] [--realwire DIR]``
@@ -67,7 +71,7 @@ from typing import Protocol
 if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from awaken_langchain.seam import SeamFilter
+from awaken_langchain.seam import SeamFilter, is_repeat_start
 from benchmarks._common import REPO_ROOT, machine_line, table
 from benchmarks._seam_corpus import TEXTS, cjk_words
 
@@ -115,21 +119,6 @@ class Filter(Protocol):
         """Release what is held back."""
 
 
-class SpacedWordSeamFilter(SeamFilter):
-    """The filter with the other choice for a single word after a space: it is removed."""
-
-    _spaced_words = 1
-
-
-class LineBreakSeamFilter(SeamFilter):
-    """The filter with the other choice for a repeat that begins with a line break.
-
-    It is removed as a spaced repeat is: from two words with a letter.
-    """
-
-    _line_breaks = True
-
-
 @dataclass(frozen=True)
 class Text:
     """One text to cut, with the spans of its words."""
@@ -175,6 +164,10 @@ class Row:
     """A few repeats left in that are not kept by design, to show."""
     reasons: dict[str, int] = field(default_factory=dict)
     """Repeats left in and kept by design, by reason."""
+    deletions: list[str] = field(default_factory=list)
+    """A few cases that lost real text, to show (prefix's end | continuation -> output)."""
+    deleting_cases: int = 0
+    """Cases that lost real text."""
 
     @property
     def removed_pct(self) -> float:
@@ -200,24 +193,47 @@ def cjk_chars(text: str) -> int:
     )
 
 
-REASONS = ("run", "already there", "line break", "table cell", "spaced word", "short")
-"""Why a repeat is kept by design, in the order they are checked."""
+REASONS = (
+    "run",
+    "already there",
+    "line break",
+    "table cell",
+    "spaced word",
+    "indented spaced word",
+    "single letter",
+    "number",
+    "mark",
+    "short CJK",
+)
+"""Why a repeat is kept by design, in the order they are checked (see :func:`kept_by_design`)."""
 
 
 BOUNDS = ("", " ", "\n")
 """What may come before a word."""
 
 
-def kept_by_design(text: str, restart: int, repeat: str) -> str:
+def kept_by_design(text: str, restart: int, repeat: str, after: str = "") -> str:
     """Why ``repeat``, restarted at ``restart`` of ``text``, is kept by design ("": it is not).
 
-    That is: a text repeats it for real as often. One run of a repeated pattern
-    (``"run"``); what the prefix already holds right before it (``"already
-    there"``); a repeat that begins with a line break, a whole line again as
-    refrains and table rows are (``"line break"``); a repeat in a table row
-    that is not the whole row (``"table cell"``); a single word after a space
-    or a line's indentation (``"spaced word"``); a single letter, a single
-    word without a letter, fewer than 4 CJK characters (``"short"``).
+    ``after`` is the character that follows the repeat in the continuation.
+
+    That is, the class of repeats it belongs to that a text may hold for real:
+
+    - ``"run"``: one run of a repeated pattern (``"-----"``, ``"| 0 | 0"``);
+    - ``"already there"``: what the prefix already holds right before it
+      (``"that"`` + ``" that"``);
+    - ``"line break"``: a repeat that begins with a line break, a whole line
+      again as refrains and table rows are;
+    - ``"table cell"``: a repeat in a table row that is not the whole row;
+    - ``"spaced word"``: a single word after a space (``"had"`` + ``" had"``);
+    - ``"indented spaced word"``: the same at a line's start, after the last
+      space of its indentation or an indentation of one character;
+    - ``"single letter"``: one letter, glued or after a line's indentation, but
+      for a capital followed by a lowercase letter or an apostrophe (``"T"`` +
+      ``"The"``);
+    - ``"number"``: one word with a digit and no letter, glued (``"1."``, ``"2024"``);
+    - ``"mark"``: one word without a letter or digit, glued (``"-"``, ``"**"``);
+    - ``"short CJK"``: fewer than 4 CJK characters.
     """
     body = repeat.strip()
     lead = repeat[: len(repeat) - len(repeat.lstrip())]
@@ -235,15 +251,43 @@ def kept_by_design(text: str, restart: int, repeat: str) -> str:
     row = line + len(text[line:end]) - len(text[line:end].lstrip())
     if text[row] == "|" and restart + len(lead) > row:
         return "table cell"
-    if lead and len(body.split()) < 2:  # after a space or a line's indentation
-        return "spaced word"
+    indented = restart > 0 and text[restart - 1] == "\n" and len(lead) >= 2
+    if lead and not indented and len(body.split()) < 2:
+        in_indentation = restart > 0 and text[:restart].rstrip(" \t").endswith("\n")
+        return "indented spaced word" if in_indentation else "spaced word"
     named = sum(1 for word in body.split() if any(c.isalnum() for c in word))
+    if named >= 2:
+        return ""
     if cjk_chars(body):
-        short = cjk_chars(body) < 4 and named < 2
-    else:
-        letters = sum(1 for c in body if c.isalpha())
-        short = (letters == 0 or len(body) < 2) and named < 2
-    return "short" if short else ""
+        return "short CJK" if cjk_chars(body) < 4 else ""
+    letters = sum(1 for c in body if c.isalpha())
+    if letters and len(body) < 2:
+        capital = body.isupper() and not lead and (after.islower() or after in "'\u2019")
+        return "" if capital and after else "single letter"
+    if not letters:
+        return "number" if any(c.isdigit() for c in body) else "mark"
+    return ""
+
+
+def removing(reason: str) -> Callable[[str], Filter]:
+    """A seam filter that also removes the repeats kept by design for ``reason``.
+
+    The benchmark measures the other side of each class with it: what removing
+    that class would wrongly delete from natural text.
+    """
+
+    class Removing(SeamFilter):
+        def _is_removable(self, index: int, after: str = "") -> bool:
+            text = self._text
+            return super()._is_removable(index, after) or (
+                is_repeat_start(text, index) and kept_by_design(text, index, text[index:]) == reason
+            )
+
+        def _last_removable_start(self) -> int:
+            return len(self._text) - 1  # no bound: the class may be one character
+
+    Removing.__name__ = f"Removing {reason}"
+    return Removing
 
 
 def word_spans(text: str) -> list[tuple[int, int]]:
@@ -412,7 +456,11 @@ def cases(texts: list[Text], every: int = 1) -> Iterator[Case]:
                     prefix,
                     continuation[: extra + TAIL],
                     rest[:TAIL],
-                    "" if family == "natural" else kept_by_design(text, max(restart, 0), repeat),
+                    ""
+                    if family == "natural"
+                    else kept_by_design(
+                        text, max(restart, 0), repeat, continuation[len(repeat) : len(repeat) + 1]
+                    ),
                 )
 
 
@@ -444,6 +492,10 @@ def measure(
             continue
         if len(out) <= len(expected) or not out.endswith(expected):
             row.deleted_chars += max(len(expected) - len(out), 1)
+            row.deleting_cases += 1
+            if len(row.deletions) < 3:
+                shown = f"{case.prefix[-24:]!r} | {case.continuation[:16]!r} -> {out[:16]!r}"
+                row.deletions.append(shown)
             continue
         left = out[: len(out) - len(expected)]
         row.left_chars += len(left)
@@ -469,6 +521,8 @@ def totals(rows: list[Row], repeat: str | None = None, kinds: set[str] | None = 
             total.runs_left += row.runs_left
             total.left_chars += row.left_chars
             total.sample += row.sample[: 3 - len(total.sample)]
+            total.deleting_cases += row.deleting_cases
+            total.deletions += row.deletions[: 3 - len(total.deletions)]
             for reason, count in row.reasons.items():
                 total.reasons[reason] = total.reasons.get(reason, 0) + count
     return total
@@ -583,34 +637,75 @@ def _print_natural(rows: list[Row]) -> None:
     )
 
 
-def _print_ambiguities(measured: dict[str, list[Row]]) -> None:
+WRITTEN = ("prose", "markdown", "python", "json", "numbers", "cjk")
+"""The corpus texts written as a model might write (not to repeat things for real)."""
+
+
+@dataclass
+class OtherSide:
+    """One class of repeats kept by design, and what removing it instead does."""
+
+    reason: str
+    kept: int
+    """Repeats of the class the rule leaves in (all families)."""
+    repeats: int
+    """Repeats of every family (the share of the class is of these)."""
+    removed: int
+    """Of ``kept``, how many a filter that removes the class removes."""
+    natural: dict[str, Row]
+    """Natural cuts with that filter, by group of texts."""
+
+
+def other_sides(rows: list[Row], every: int, texts: list[Text]) -> list[OtherSide]:
+    """For each class kept by design, measure a filter that removes it instead."""
+    kinds = kinds_of(rows)
+    repeats = sum(r.cases for r in rows if r.repeat != "natural" and r.kind in kinds)
+    groups = {
+        "written corpus": set(WRITTEN),
+        "realwire": {"realwire"},
+        "project docs": {NATURAL_ONLY},
+        "doubled": {"doubled"},
+        AMBIGUOUS: {AMBIGUOUS},
+    }
+    sides = []
+    for reason in REASONS:
+        kept = sum(r.reasons.get(reason, 0) for r in rows if r.kind in kinds)
+        if not kept:
+            continue
+        families = {"natural"} | {r.repeat for r in rows if r.reasons.get(reason)}
+        measured = measure(removing(reason), every, texts, families)
+        left = sum(r.reasons.get(reason, 0) for r in measured if r.kind in kinds)
+        natural = {name: totals(measured, "natural", group) for name, group in groups.items()}
+        sides.append(OtherSide(reason, kept, repeats, kept - left, natural))
+    return sides
+
+
+def _print_ambiguities(sides: list[OtherSide]) -> None:
+    groups = list(sides[0].natural) if sides else []
     headers = [
-        "rule",
-        "spaced 1-word repeats removed %",
-        "line-break repeats removed %",
-        "chars wrongly deleted, natural cuts",
-        "of which doubled-words text",
-        "squares text",
+        "class kept by design",
+        "repeats kept",
+        "% of all repeats",
+        "removed % if removed",
+        *(f"deleted chars (cuts): {group}" for group in groups),
     ]
-    body = []
-    for name, rows in measured.items():
-        kinds = kinds_of(rows)
-        spaced = totals(rows, "spaced 1 word", kinds)
-        broken = totals(rows, "line from its break", kinds)
-        natural = totals(rows, "natural", kinds)
-        doubled = totals(rows, "natural", {"doubled"})
-        squares = totals(rows, "natural", {AMBIGUOUS})
-        body.append(
-            (
-                name,
-                f"{100.0 * spaced.exact / spaced.cases:.2f}" if spaced.cases else "-",
-                f"{100.0 * broken.exact / broken.cases:.2f}" if broken.cases else "-",
-                natural.deleted_chars,
-                doubled.deleted_chars,
-                squares.deleted_chars,
-            )
+    body = [
+        (
+            side.reason,
+            side.kept,
+            f"{100.0 * side.kept / side.repeats:.2f}",
+            f"{100.0 * side.removed / side.kept:.1f}",
+            *(f"{row.deleted_chars} ({row.deleting_cases})" for row in side.natural.values()),
         )
+        for side in sides
+    ]
     print(table(headers, body))
+    for side in sides:
+        natural = [row for name, row in side.natural.items() if name != AMBIGUOUS]
+        shown = [e for row in natural for e in row.deletions][:4]
+        if shown:
+            print(f"\nremoving {side.reason!r} would delete, e.g.:")
+            print("\n".join(f"  {e}" for e in shown))
 
 
 def main(
@@ -636,14 +731,11 @@ def main(
     _print_natural(rows)
     print()
     print("## The ambiguities, both ways")
-    families = {"natural", "spaced 1 word", "line from its break"}
-    _print_ambiguities(
-        {
-            "the rule: both kept": rows,
-            "single spaced word removed": measure(SpacedWordSeamFilter, every, texts, families),
-            "line-break repeat removed": measure(LineBreakSeamFilter, every, texts, families),
-        }
+    print(
+        "(each class kept by design, and a filter that removes it instead: how many of its"
+        " repeats that removes, and what it wrongly deletes from natural cuts, by text)"
     )
+    _print_ambiguities(other_sides(rows, every, texts))
     print()
     sizes = (20_000,) if quick else (200_000,)
     long = [

@@ -139,6 +139,7 @@ def test_seam_accuracy_benchmark_deletes_no_text_and_removes_every_removable_rep
     out = capsys.readouterr().out
     assert "chars wrongly deleted" in out
     assert "The ambiguities, both ways" in out
+    assert "class kept by design" in out  # each class, and what removing it deletes
 
 
 def test_seam_accuracy_benchmark_runs_without_the_recorded_streams(
