@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -231,22 +234,81 @@ def test_checkpoints_cli_names_an_unreachable_postgres_without_its_password() ->
 # -- the async twins ------------------------------------------------------------------------
 
 
-def test_async_twins_run_on_the_loops_own_pool_and_close_it_with_the_loop(
+def test_async_twins_share_the_stores_one_pool_across_event_loops(
     postgres_server: PostgresServer, store: object
 ) -> None:
-    async def turn() -> tuple[str | None, int]:
+    async def turn() -> str | None:
         epoch = await store.aclaim("run-1")  # type: ignore[attr-defined]
         await store.aput(checkpoint(text="async", epoch=epoch))  # type: ignore[attr-defined]
         await store.aput(checkpoint(text="async text", epoch=epoch))  # type: ignore[attr-defined]
         got = await store.aget("run-1")  # type: ignore[attr-defined]
-        return (got.partial_text if got else None), len(store._loop_pools)  # type: ignore[attr-defined]
+        return got.partial_text if got else None
 
-    for _ in range(3):  # a fresh loop each time: no pool of a finished loop is kept
-        assert asyncio.run(turn()) == ("async text", 1)
-        assert len(store._loop_pools) == 0  # type: ignore[attr-defined]
+    assert asyncio.run(turn()) == "async text"
+    connected = store._pool.get_stats()["connections_num"]  # type: ignore[attr-defined]
+    for _ in range(3):  # a fresh loop each time, on the connections the first one made
+        assert asyncio.run(turn()) == "async text"
+    assert store._pool.get_stats()["connections_num"] == connected  # type: ignore[attr-defined]
     got = store.get("run-1")  # type: ignore[attr-defined]
     assert got is not None
     assert got.partial_text == "async text"
+
+
+_MANY_LOOPS = """
+import asyncio, os, sys
+from awaken_langchain import StreamCheckpoint
+from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+store = PostgresStreamCheckpointStore(os.environ["AWAKEN_TEST_POSTGRES_DSN"], table=sys.argv[1])
+
+def checkpoint(run_id, text, epoch):
+    return StreamCheckpoint(run_id=run_id, thread_id="thread-1", model="gpt-test",
+                            message_id="msg-1", partial_text=text, epoch=epoch)
+
+async def first_calls_at_once(loop_number):
+    runs = [f"run-{loop_number}-{task}" for task in range(24)]
+    epochs = await asyncio.gather(*(store.aclaim(run_id) for run_id in runs))
+    await asyncio.gather(*(store.aput(checkpoint(r, "text", e)) for r, e in zip(runs, epochs)))
+    got = await asyncio.gather(*(store.aget(run_id) for run_id in runs))
+    return sum(1 for found in got if found is not None and found.partial_text == "text")
+
+for loop_number in range(40):  # every asyncio.run is a fresh event loop
+    assert asyncio.run(store.aget("run-missing")) is None
+    epoch = asyncio.run(store.aclaim("run-shared"))
+    asyncio.run(store.aput(checkpoint("run-shared", f"text {loop_number}", epoch)))
+    assert asyncio.run(store.aget("run-shared")).partial_text == f"text {loop_number}"
+    if loop_number % 4 == 0:
+        assert asyncio.run(first_calls_at_once(loop_number)) == 24
+asyncio.run(store.aclose())
+print("all loops ended")
+"""
+
+
+def test_asyncio_run_returns_for_every_fresh_loop_and_for_concurrent_first_calls(
+    postgres_server: PostgresServer, table: str
+) -> None:
+    # psycopg_pool's asyncio pool loses the cancellation asyncio.run sends a task of
+    # it that is connecting as the loop ends, and asyncio.run then waits forever:
+    # a child process, so that a hang fails this test instead of hanging the suite.
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _MANY_LOOPS, table],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO_ROOT),
+                "AWAKEN_TEST_POSTGRES_DSN": postgres_server.dsn,
+            },
+            check=False,
+        )
+    except subprocess.TimeoutExpired as hung:
+        printed = hung.stderr.decode(errors="replace") if hung.stderr else ""
+        pytest.fail(f"asyncio.run did not return within 60 s; the child printed: {printed}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "all loops ended"
+    assert "error connecting" not in done.stderr
 
 
 def test_async_unreachable_server_fails_within_the_deadline() -> None:

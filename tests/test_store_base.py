@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -26,6 +27,7 @@ from awaken_langchain.checkpoint import (
 from awaken_langchain.stores._base import (
     EncodedFields,
     Head,
+    PerLoop,
     check_epoch,
     decode_head,
     new_write_id,
@@ -257,3 +259,53 @@ def test_write_ids_never_repeat_within_a_process_nor_across_processes_and_forks(
 
     assert len(forked) == len(other) == 100
     assert len({*here, *forked, *other, *after}) == len(here) + 300
+
+
+# -- one resource per event loop ------------------------------------------------------------
+
+
+def test_concurrent_first_calls_on_one_loop_share_one_resource_closed_with_the_loop() -> None:
+    made: list[object] = []
+    closed: list[object] = []
+
+    async def make() -> object:
+        await asyncio.sleep(0.01)  # making it takes a while: others ask meanwhile
+        made.append(object())
+        return made[-1]
+
+    async def close(resource: object) -> None:
+        closed.append(resource)
+
+    per_loop: PerLoop[object] = PerLoop(close)
+
+    async def first_calls() -> set[int]:
+        got = await asyncio.gather(*(per_loop.get(make) for _ in range(24)))
+        return {id(resource) for resource in got}
+
+    assert asyncio.run(first_calls()) == {id(made[0])}
+    assert len(made) == 1
+    assert closed == made
+    assert len(per_loop) == 0
+
+
+def test_a_failed_make_lets_the_waiting_calls_make_it_again() -> None:
+    attempts: list[int] = []
+
+    async def make() -> str:
+        attempts.append(1)
+        await asyncio.sleep(0.01)
+        if len(attempts) == 1:
+            raise OSError("refused")
+        return "resource"
+
+    async def nothing(resource: str) -> None:
+        return None
+
+    per_loop: PerLoop[str] = PerLoop(nothing)
+
+    async def first_calls() -> list[object]:
+        return await asyncio.gather(*(per_loop.get(make) for _ in range(3)), return_exceptions=True)
+
+    got = asyncio.run(first_calls())
+    assert [type(item).__name__ for item in got] == ["OSError", "str", "str"]
+    assert len(attempts) == 2

@@ -1280,22 +1280,40 @@ class PerLoop(Generic[R]):
     def __init__(self, close: Callable[[R], Awaitable[object]]) -> None:
         self._close = close
         self._made: dict[asyncio.AbstractEventLoop, tuple[R, AsyncGenerator[None, None]]] = {}
+        self._making: dict[asyncio.AbstractEventLoop, asyncio.Future[None]] = {}
+        """Per loop, while its resource is being made: done when that attempt ends."""
 
     def __len__(self) -> int:
         return len(self._made)
 
     async def get(self, make: Callable[[], Awaitable[R]]) -> R:
-        """The running loop's resource, made by ``make`` the first time."""
+        """The running loop's resource, made by ``make`` the first time.
+
+        Tasks that ask while it is being made wait for it: a loop never gets
+        two. If making it fails, the waiting tasks each try once more.
+        """
         loop = asyncio.get_running_loop()
-        found = self._made.get(loop)
-        if found is not None:
-            return found[0]
+        while True:
+            found = self._made.get(loop)
+            if found is not None:
+                return found[0]
+            making = self._making.get(loop)
+            if making is None:
+                break
+            await asyncio.wait((making,))  # not cancelled with a waiter that is
         for dead in [other for other in self._made if other.is_closed()]:
             self._made.pop(dead, None)  # closed without shutdown_asyncgens
-        resource = await make()
-        guard = self._guard(loop, resource)
-        self._made[loop] = (resource, guard)
-        await anext(guard)  # runs to its first yield: registers it with the loop
+        for dead in [other for other in self._making if other.is_closed()]:
+            self._making.pop(dead, None)
+        making = self._making[loop] = loop.create_future()
+        try:
+            resource = await make()
+            guard = self._guard(loop, resource)
+            self._made[loop] = (resource, guard)
+            await anext(guard)  # runs to its first yield: registers it with the loop
+        finally:
+            del self._making[loop]
+            making.set_result(None)
         return resource
 
     async def aclose(self) -> None:

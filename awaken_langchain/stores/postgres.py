@@ -52,15 +52,12 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from awaken_langchain._secrets import redact
 from awaken_langchain.checkpoint import (
     DEFAULT_MAX_CHECKPOINT_BYTES,
-    StreamCheckpoint,
-    check_run_id,
 )
 from awaken_langchain.errors import StreamCheckpointError
 from awaken_langchain.stores._base import (
     DEFAULT_EPOCH_GRACE,
     Head,
     LastWrite,
-    PerLoop,
     SegmentedCheckpointStore,
     check_epoch,
     connection_failure,
@@ -113,9 +110,8 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
     Give either a ``dsn`` (the store creates, owns and closes a connection pool)
     or a ready ``psycopg_pool.ConnectionPool`` (borrowed: the store never
     closes it). The tables are created on first use (see the module docstring).
-    The async methods run the same statements on an asyncio pool of the running
-    event loop (closed when the loop shuts down, or by ``await store.aclose()``);
-    with a borrowed pool they run the sync methods in a worker thread.
+    The async methods run the sync methods in a worker thread, on the same
+    pool, whichever event loop calls them.
 
     Example:
         ```python
@@ -194,12 +190,10 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
         timeout_ms = str(max(1, round(self.timeout * 1000)))
         self._session_timeouts = pool is not None
         self._timeout_ms = timeout_ms
-        self._max_connections = max_connections
         self._connect_kwargs: dict[str, Any] = {
             "connect_timeout": max(2, round(self.timeout)),
             "options": f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
         }
-        self._loop_pools: PerLoop[Any] = PerLoop(lambda pool: pool.close())
         self._connect_error: BaseException | None = None
         """Why the store's own pool last failed to connect (it retries in the background)."""
         if pool is None:
@@ -336,13 +330,11 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
                     message += f"; the last connection attempt failed: {last}"
                 raise connection_failure(message, exc, run_id=run_id, spec=self.dsn) from None
 
-    # -- primitives ---------------------------------------------------------------------
-
-    # -- primitives, as steps that the sync and the async driver both run ----------------
+    # -- primitives, as steps that one driver runs ------------------------------------------
     #
     # A step generator yields (statement name, parameters) and is sent back the rows
     # the statement returned and its row count; "rollback" undoes the transaction so
-    # far. The driver runs all of one generator's statements in one transaction.
+    # far. The driver (`_run`) runs all of one generator's statements in one transaction.
 
     def _run(self, steps: _Steps[_T]) -> _T:
         """Run ``steps`` on a pooled connection, in one transaction.
@@ -478,123 +470,17 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
             rows = conn.execute(self._sql["heads"]).fetchall()
         return [(bytes(key).decode("utf-8", "surrogatepass"), bytes(raw)) for key, raw in rows]
 
-    # -- the async twins: the same steps, on an asyncio pool of the running loop ----------
-
-    async def _async_pool(self) -> Any:
-        """The running loop's pool, or ``None`` to run the sync methods in a thread.
-
-        A pool the store creates belongs to one event loop and is closed when
-        that loop shuts down (see `PerLoop`). A borrowed sync pool has no async
-        twin: its calls run in a worker thread.
-        """
-        if not self._owns_pool:
-            return None
-        if not self._ready:
-            await asyncio.to_thread(self._prepare)
-        return await self._loop_pools.get(self._new_async_pool)
-
-    async def _new_async_pool(self) -> Any:
-        pool = psycopg_pool.AsyncConnectionPool(
-            self.dsn or "",
-            min_size=1,
-            max_size=self._max_connections,
-            open=False,
-            timeout=self.timeout,
-            kwargs=self._connect_kwargs,
-        )
-        await pool.open(wait=False)
-        return pool
-
-    def _prepare(self) -> None:
-        """Create or upgrade the tables (what the first operation of the store does)."""
-        with self._connection():
-            pass
-
-    async def _arun(self, pool: Any, steps: _Steps[_T]) -> _T:
-        """Async twin of :meth:`_run`."""
-        first = next(steps)
-        used: list[Any] = []
-        try:
-            return await self._arun_from(pool, steps, first, used)
-        except psycopg.OperationalError:
-            if not _stale(used):
-                raise
-        await pool.check()
-        return await self._arun_from(pool, steps, first, [])
-
-    async def _arun_from(self, pool: Any, steps: _Steps[_T], first: _Step, used: list[Any]) -> _T:
-        async with pool.connection(timeout=self.timeout) as conn:
-            used.append(conn)
-            name, params = first
-            try:
-                while True:
-                    if name == "rollback":
-                        await conn.rollback()
-                        reply = _Reply([], 0)
-                    else:
-                        cursor = await conn.execute(self._sql[name], params)
-                        rows = await cursor.fetchall() if cursor.description is not None else []
-                        reply = _Reply(rows, cursor.rowcount)
-                    used.append(None)  # a statement of the steps ran: never run them again
-                    name, params = steps.send(reply)
-            except StopIteration as done:
-                result: _T = done.value
-                return result
-
-    async def aclaim(self, run_id: str) -> int:
-        """Async twin of :meth:`claim`."""
-        check_run_id(run_id)
-        self._check_writable("claim")
-        with self._backend_errors("claim", run_id):
-            pool = await self._async_pool()
-            if pool is None:
-                return await super().aclaim(run_id)
-            return await self._arun(pool, self._claim_steps(run_id))
-
-    async def aput(self, checkpoint: StreamCheckpoint) -> None:
-        """Async twin of :meth:`put`: only the new text is sent when it extends the last."""
-        plan = self._prepare_put(checkpoint)
-        with self._backend_errors("put", plan.run_id):
-            pool = await self._async_pool()
-            if pool is None:
-                return await super().aput(checkpoint)
-            stored = None
-            append = self._append_step(plan)
-            if append is not None and plan.last is not None:
-                stored = await self._arun(pool, self._append_steps(*append, plan.epoch, plan.last))
-            if stored is None:
-                head, data = self._rewrite_step(plan)
-                stored = await self._arun(pool, self._replace_steps(head, data, plan.epoch))
-        self._finish_put(plan, stored)
-        return None
-
-    async def aget(self, run_id: str) -> StreamCheckpoint | None:
-        """Async twin of :meth:`get`."""
-        check_run_id(run_id)
-        with self._backend_errors("get", run_id):
-            pool = await self._async_pool()
-            if pool is None:
-                return await super().aget(run_id)
-            loaded = await self._arun(pool, self._load_steps(run_id))
-        return self._rebuild(run_id, loaded)
-
-    async def adelete(self, run_id: str, *, epoch: int | None = None) -> None:
-        """Async twin of :meth:`delete`."""
-        check_run_id(run_id)
-        self._check_writable("delete")
-        with self._backend_errors("delete", run_id):
-            pool = await self._async_pool()
-            if pool is None:
-                return await super().adelete(run_id, epoch=epoch)
-            with self._memo_lock:
-                self._memo.pop(run_id, None)
-            await self._arun(pool, self._delete_steps(run_id, epoch, None))
-        return None
+    # -- the async twins: the sync methods, in a worker thread ---------------------------
+    #
+    # The async twins are the base class's: each runs its sync method in the loop's
+    # default executor, on the store's one pool. An asyncio pool per event loop was
+    # tried and left: psycopg_pool (3.3) loses the cancellation ``asyncio.run`` sends
+    # a pool task that is connecting when the loop ends (it logs "error connecting"
+    # and reschedules the connect), so ``asyncio.run`` never returned.
 
     async def aclose(self) -> None:
-        """Close the pools the store created, including this event loop's async one."""
-        await self._loop_pools.aclose()  # forgets and closes the loop's pool
-        self.close()
+        """Async twin of :meth:`close`."""
+        await asyncio.to_thread(self.close)
 
     async def __aenter__(self) -> PostgresStreamCheckpointStore:
         return self
