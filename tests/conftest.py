@@ -76,6 +76,34 @@ def _cache_child_bytecode() -> None:
 _cache_child_bytecode()
 
 
+def _read_the_trust_store_on_demand() -> None:
+    """Point TLS at the system's hashed certificate directory instead of its bundle file.
+
+    The suite builds thousands of real SDK clients (each loopback server has its
+    own port, so LangChain's per-URL client cache does not help), and every
+    client's HTTP transport makes an SSL context. Given the bundle file
+    (``SSL_CERT_FILE``, or OpenSSL's default) OpenSSL parses all of its ~140
+    certificates each time: about 25 ms of CPU, a third of the CPU of the tests
+    that talk to the loopback provider. Given the same certificates as a hashed
+    directory (Debian's ``/etc/ssl/certs``), it reads one only when a TLS
+    handshake needs it, and the loopback provider speaks plain HTTP. A bundle
+    of the user's own (anywhere else) is kept.
+    """
+    certs = Path("/etc/ssl/certs")
+    bundle, directory = os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR")
+    if not certs.is_dir() or (directory and Path(directory).resolve() != certs.resolve()):
+        return
+    if bundle and Path(bundle).resolve().parent != certs.resolve():
+        return
+    if not any(name.endswith(".0") for name in os.listdir(certs)):
+        return  # not hashed: OpenSSL could not find a certificate in it
+    os.environ.pop("SSL_CERT_FILE", None)
+    os.environ["SSL_CERT_DIR"] = str(certs)
+
+
+_read_the_trust_store_on_demand()
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """``-n auto``: one worker more than this process may use cores.
 

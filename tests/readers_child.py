@@ -13,6 +13,9 @@ its first offset from the log, and writes ``{"text", "offsets", "final"}`` to
 
 ``<store>`` is JSON: ``["file", dir]``, ``["diskcache", dir]`` or
 ``["redis", url, prefix]``.
+
+The tests call :func:`main` with those arguments in processes forked from a
+fork server that has imported this module (and LangChain) once.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from langchain_openai import ChatOpenAI
 
 from awaken_langchain import (
     DiskCacheStreamCheckpointStore,
@@ -50,8 +55,6 @@ def open_store(spec: list[str], *, reader: bool) -> StreamCheckpointStore:
 
 
 def produce(store: StreamCheckpointStore, base_url: str, run_id: str, out: Path) -> None:
-    from langchain_openai import ChatOpenAI
-
     inner = ChatOpenAI(base_url=base_url, api_key="x", model="gpt-4o-mini", max_retries=0)
     model = RecoveringChatModel(
         model=inner, store=store, retry_policy=RetryPolicy(sleep=lambda seconds: None)

@@ -8,15 +8,14 @@ real ``redis-server``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,9 @@ from awaken_langchain.testing import (
     ScriptedToolCall,
     continuation_responder,
 )
-from tests.conftest import REPO_ROOT, loopback_client
+from tests import readers_child
+from tests.conftest import loopback_client
+from tests.fork_server import fork_server
 from tests.redis_server import RedisServer, unique_prefix
 
 ANSWER = " ".join(
@@ -326,11 +327,31 @@ def test_a_run_nobody_follows_is_published_only_at_the_checkpoint_cadence(
 # -- several processes --------------------------------------------------------------------
 
 
-def child(*args: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.readers_child", *args], cwd=REPO_ROOT, env=env
-    )
+@functools.cache
+def _fork_server() -> ForkServerContext:
+    return fork_server("tests.readers_child")
+
+
+class Child:
+    """A process of ``tests.readers_child``, forked from a server that imported it once."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.process = _fork_server().Process(target=readers_child.main, args=(args,), daemon=True)
+        self.process.start()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code once it has ended, or None if it still runs after ``timeout``."""
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would end it (nothing if it has ended)."""
+        if self.process.exitcode is None:
+            self.process.kill()
+
+
+def child(*args: str) -> Child:
+    return Child(list(args))
 
 
 @pytest.fixture
