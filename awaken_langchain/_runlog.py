@@ -505,6 +505,171 @@ class _RedisTail(Tail):
         self._pubsub.close()
 
 
+# -- PostgreSQL -----------------------------------------------------------------------
+
+
+class PostgresRunLog(RunLog):
+    """Logs in the store's ``<table>_events`` and ``<table>_runlogs`` tables.
+
+    An append and its ``NOTIFY`` commit together; followers ``LISTEN`` on the
+    run's channel on a connection of their own (no polling). A follower marks
+    the run as followed every `RENEW_EVERY` seconds (``watched_at``).
+    """
+
+    def __init__(self, store: Any) -> None:
+        from psycopg import sql
+
+        self._store = store
+        names = store._names
+        self._sql = {
+            key: sql.SQL(text).format(**names)
+            for key, text in {
+                "grow": (
+                    "INSERT INTO {runlogs} AS r VALUES (%s, %s, false, 0, NULL) "
+                    "ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length "
+                    "RETURNING length"
+                ),
+                "append": "INSERT INTO {events} VALUES (%s, %s, %s)",
+                "read": "SELECT event FROM {events} WHERE run_id = %s AND seq > %s ORDER BY seq",
+                "exists": "SELECT 1 FROM {runlogs} WHERE run_id = %s",
+                "stop": (
+                    "INSERT INTO {runlogs} AS r VALUES (%s, 0, true, 0, NULL) "
+                    "ON CONFLICT (run_id) DO UPDATE SET stop = true"
+                ),
+                "watch": (
+                    "INSERT INTO {runlogs} AS r VALUES (%s, 0, false, %s, NULL) "
+                    "ON CONFLICT (run_id) DO UPDATE SET watched_at = EXCLUDED.watched_at"
+                ),
+                "check": "SELECT run_id, watched_at, stop FROM {runlogs} WHERE run_id = ANY(%s)",
+                "finished": "UPDATE {runlogs} SET stop = false, ended_at = %s WHERE run_id = %s",
+                "collect_events": (
+                    "DELETE FROM {events} e USING {runlogs} r WHERE e.run_id = r.run_id "
+                    "AND r.ended_at < %s"
+                ),
+                "collect_runs": "DELETE FROM {runlogs} WHERE ended_at < %s",
+            }.items()
+        }
+        self._prefix = names["heads"].as_string(None).encode()
+        self._swept = 0.0
+
+    def _channel(self, run_id: str) -> str:
+        digest = hashlib.sha256(self._prefix + b"\x00" + run_id_bytes(run_id)).hexdigest()
+        return "awaken_" + digest[:40]
+
+    def _run(self, action: str, run_id: str | None, use: Any) -> Any:
+        with self._store._backend_errors(action, run_id), self._store._connection() as conn:
+            return use(conn)
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        key = run_id_bytes(run_id)
+
+        def use(conn: Any) -> int:
+            length = int(conn.execute(self._sql["grow"], (key, len(events))).fetchone()[0])
+            first = length - len(events) + 1
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    self._sql["append"],
+                    [(key, first + i, event) for i, event in enumerate(events)],
+                )
+            conn.execute("SELECT pg_notify(%s, '')", (self._channel(run_id),))
+            return length
+
+        return int(self._run("event log append", run_id, use))
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        key = run_id_bytes(run_id)
+
+        def use(conn: Any) -> list[bytes] | None:
+            rows = conn.execute(self._sql["read"], (key, after)).fetchall()
+            if not rows and conn.execute(self._sql["exists"], (key,)).fetchone() is None:
+                return None
+            return [bytes(row[0]) for row in rows]
+
+        found: list[bytes] | None = self._run("event log read", run_id, use)
+        return found
+
+    def request_stop(self, run_id: str) -> None:
+        key = run_id_bytes(run_id)
+        self._run("stop request", run_id, lambda c: c.execute(self._sql["stop"], (key,)))
+
+    def stop_requested(self, run_id: str) -> bool:
+        return self.check([run_id])[0][1]
+
+    def watch(self, run_id: str) -> None:
+        """Mark the run as followed for `WATCH_FOR` seconds."""
+        self._run(
+            "event log watch",
+            run_id,
+            lambda c: c.execute(self._sql["watch"], (run_id_bytes(run_id), time.time())),
+        )
+
+    def followed(self, run_id: str) -> bool:
+        return self.check([run_id])[0][0]
+
+    def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+        keys = [run_id_bytes(run_id) for run_id in run_ids]
+        rows = self._run(
+            "event log check", None, lambda c: c.execute(self._sql["check"], (keys,)).fetchall()
+        )
+        found = {bytes(key): (watched, stop) for key, watched, stop in rows}
+        now = time.time()
+        missing = (0.0, False)
+        return [
+            (now - found.get(key, missing)[0] < WATCH_FOR, bool(found.get(key, missing)[1]))
+            for key in keys
+        ]
+
+    def tail(self, run_id: str) -> Tail:
+        return _PostgresTail(self, run_id)
+
+    def finished(self, run_id: str) -> None:
+        ended = float(self._store.clock())
+        self._run(
+            "event log end",
+            run_id,
+            lambda c: c.execute(self._sql["finished"], (ended, run_id_bytes(run_id))),
+        )
+        if time.time() - self._swept >= SWEEP_EVERY:
+            self._swept = time.time()
+            self.collect(KEEP_FOR)
+
+    def collect(self, keep_for: float) -> None:
+        """Remove the logs of runs that finished more than ``keep_for`` ago (store clock)."""
+        before = float(self._store.clock()) - keep_for
+
+        def use(conn: Any) -> None:
+            conn.execute(self._sql["collect_events"], (before,))
+            conn.execute(self._sql["collect_runs"], (before,))
+
+        self._run("event log collection", None, use)
+
+
+class _PostgresTail(Tail):
+    def __init__(self, log: PostgresRunLog, run_id: str) -> None:
+        import psycopg
+
+        self._log, self._run_id = log, run_id
+        pool = log._store._pool
+        with log._store._backend_errors("event log listen", run_id):
+            self._conn = psycopg.connect(pool.conninfo, autocommit=True, **(pool.kwargs or {}))
+        self._conn.execute(f"LISTEN {log._channel(run_id)}")  # a digest: a safe identifier
+        self._renewed = 0.0
+
+    def wait(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY:
+            self._renewed = now
+            self._log.watch(self._run_id)
+        timeout = min(timeout, RENEW_EVERY)
+        for _ in self._conn.notifies(timeout=timeout, stop_after=1):
+            pass
+        for _ in self._conn.notifies(timeout=0):  # several appends wake the follower once
+            pass
+
+    def close(self) -> None:
+        self._conn.close()
+
+
 # -- which log a store has ------------------------------------------------------------
 
 _LOGS: weakref.WeakKeyDictionary[StreamCheckpointStore, RunLog] = weakref.WeakKeyDictionary()
@@ -539,9 +704,11 @@ def _make_log(store: StreamCheckpointStore) -> RunLog:
         return DirectoryRunLog(store.directory, clock=store.clock)
     if type(store).__name__ == "RedisStreamCheckpointStore":
         return RedisRunLog(store)
+    if type(store).__name__ == "PostgresStreamCheckpointStore":
+        return PostgresRunLog(store)
     raise TypeError(
         f"{type(store).__name__} keeps no event logs for readers yet; follow runs of an "
-        "in-process, file, DiskCache or Redis store"
+        "in-process, file, DiskCache, Redis or PostgreSQL store"
     )
 
 

@@ -2,7 +2,7 @@
 
 The producer is `RecoveringChatModel` around the real ``ChatOpenAI`` talking to
 the loopback provider; the stores are real (in-process, file, DiskCache, a
-real ``redis-server``).
+real ``redis-server``, a real PostgreSQL).
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ from awaken_langchain.testing import (
     continuation_responder,
 )
 from tests.conftest import REPO_ROOT, loopback_client
+from tests.postgres_server import shared_postgres_server, table_for
 from tests.redis_server import RedisServer, unique_prefix
 
 ANSWER = " ".join(
     f"Sentence {n} of the story tells how the fox crossed river number {n}." for n in range(12)
 )
-STORES = ["memory", "file", "diskcache", "redis"]
+STORES = ["memory", "file", "diskcache", "redis", "postgres"]
 
 
 @pytest.fixture
@@ -68,6 +69,8 @@ def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
     if kind == "redis":
         redis_server: RedisServer = request.getfixturevalue("redis_server")
         return ["redis", redis_server.url, unique_prefix()]
+    if kind == "postgres":
+        return ["postgres", shared_postgres_server().dsn, table_for(tmp_path / "store")]
     return [kind, str(tmp_path / "store")]
 
 
@@ -79,6 +82,10 @@ def open_store(spec: list[str], *, reader: bool = False) -> StreamCheckpointStor
         return FileStreamCheckpointStore(spec[1], read_only=reader)
     if kind == "diskcache":
         return DiskCacheStreamCheckpointStore(spec[1])
+    if kind == "postgres":
+        from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+        return PostgresStreamCheckpointStore(spec[1], table=spec[2], max_connections=8)
     from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 
     return RedisStreamCheckpointStore(spec[1], prefix=spec[2])
@@ -337,7 +344,7 @@ def child(*args: str) -> subprocess.Popen[bytes]:
 def shared_spec(store_spec: list[str]) -> list[str]:
     if store_spec[0] == "memory":
         pytest.skip("an in-process store is not shared between processes")
-    if store_spec[0] != "redis":  # the producer creates the store; readers open it
+    if store_spec[0] not in ("redis", "postgres"):  # the producer creates the store
         open_store(store_spec).close()
     return store_spec
 
