@@ -491,18 +491,42 @@ class RedisRunLog(RunLog):
 
 
 class _RedisTail(Tail):
+    """A follower's subscription to its run's channel.
+
+    ``close`` may come from another thread while one waits (the HTTP route
+    closes a follower whose client went away while a worker thread waits on
+    it): closing the subscription then would hand its connection back to the
+    pool while the waiting thread still reads it, and the next follower to
+    take that connection would lose its replies to the waiting thread. So the
+    thread that holds the subscription closes it: ``close`` does if nobody
+    waits, otherwise the waiting thread does when its wait ends.
+    """
+
     def __init__(self, client: Any, channel: bytes) -> None:
         self._pubsub = client.pubsub(ignore_subscribe_messages=True)
+        self._using = threading.Lock()
+        self._closed = False
         self._pubsub.subscribe(channel)
         self._pubsub.get_message(timeout=1.0)  # the subscription is confirmed: no append is missed
 
     def wait(self, timeout: float) -> None:
-        message = self._pubsub.get_message(timeout=timeout)
-        while message is not None:  # several appends wake the follower once
-            message = self._pubsub.get_message(timeout=0)
+        with self._using:
+            if not self._closed:
+                message = self._pubsub.get_message(timeout=timeout)
+                while message is not None:  # several appends wake the follower once
+                    message = self._pubsub.get_message(timeout=0)
+        self._close_if_asked()
 
     def close(self) -> None:
-        self._pubsub.close()
+        self._closed = True
+        self._close_if_asked()
+
+    def _close_if_asked(self) -> None:
+        if self._closed and self._using.acquire(blocking=False):  # else a waiter closes it
+            try:
+                self._pubsub.close()
+            finally:
+                self._using.release()
 
 
 # -- PostgreSQL -----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from benchmarks import (
     lock_wait,
     overhead,
     paced_instructions,
+    readers,
     recovery_latency,
     sdk_instructions,
     sdk_overhead,
@@ -92,6 +93,7 @@ def _quick_steps() -> list[tuple[str, Callable[[], object]]]:
         ("store_size", lambda: store_size.main(turns=100)),
         ("tool_ledger", lambda: tool_ledger.main(calls=30)),
         ("server_stores", lambda: server_stores.main(puts=5, turns=2, concurrent=8)),
+        ("readers", readers.quick),
     ]
 
 
@@ -118,6 +120,7 @@ def _full_steps() -> list[tuple[str, Callable[[], object]]]:
             "server_stores",
             lambda: server_stores.main(instructions=shutil.which("valgrind") is not None),
         ),
+        ("readers", readers.main),
     ]
 
 

@@ -19,6 +19,7 @@ from benchmarks import (
     lock_wait,
     overhead,
     paced_instructions,
+    readers,
     recovery_latency,
     sdk_overhead,
     seam_accuracy,
@@ -404,3 +405,47 @@ def test_quick_instruction_checks_stream_every_case_uncounted(
     assert "every case's 2 turns delivered their text" in out
     assert "each store held the turn's text" in out
     assert gc.isenabled()
+
+
+def test_readers_benchmark_checks_every_follower_read_every_delta_once_in_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    results = readers.main(
+        runs=2, followers=2, processes=0, chars=40, rate=200.0, sizes=(1_000,), repeats=1
+    )
+
+    stores = [row.store for row in results.deltas]
+    assert stores[:3] == ["memory", "file", "diskcache"]
+    assert stores == ["memory", "file", "diskcache"] + (["redis"] if "redis" in stores else [])
+    assert all(not row.problems for row in results.deltas)
+    assert all(row.complete == row.followers == 4 for row in results.deltas)
+    assert all(row.deltas > 0 for row in results.deltas)  # latencies of the deltas after attach
+    assert {(r.store, r.via, r.after) for r in results.reconnects} == {
+        (store, via, after)
+        for store in stores
+        for via in ("follow()", "HTTP GET")
+        for after in ("0", "last - 1")
+    }
+    out = capsys.readouterr().out
+    table_rows = out.split("## Readers: reconnect")[0].splitlines()
+    for store in stores:
+        assert any(line.startswith(store) for line in table_rows)
+    assert "redis" in stores or "redis: skipped" in out
+
+
+def test_readers_benchmark_flags_a_follower_that_missed_or_repeated_a_delta() -> None:
+    answer = "abcdefgh"
+    stamps = [(4, 10), (8, 20)]
+
+    def result(*texts: str) -> dict[str, object]:
+        events = [(30, 1, "started", "")]
+        events += [(40 + n, n + 2, "text", t) for n, t in enumerate(texts)]
+        events.append((60, len(events) + 1, "completed", ""))
+        return {"attached": 0, "events": events}
+
+    latencies, _, problem = readers.check_follower(result("abcd", "efgh"), answer, stamps, 0)
+    assert problem is None
+    assert latencies == [30 / 1e6, 21 / 1e6]
+    assert readers.check_follower(result("abcd", "abcd", "efgh"), answer, stamps, 0)[2]
+    assert readers.check_follower(result("abcd"), answer, stamps, 0)[2]
+    assert readers.check_follower(result("efgh", "abcd"), answer, stamps, 0)[2]

@@ -1100,14 +1100,8 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
         plan = self._prepare_put(checkpoint)
-        try:  # `_backend_errors`, without a generator per put
+        with self._backend_errors("put", plan.run_id):  # a backend's own message, redacted
             stored = self._put_plan(plan)
-        except StreamCheckpointError:
-            raise
-        except Exception as exc:
-            raise StreamCheckpointError(
-                f"{type(self).__name__}.put failed", run_id=plan.run_id, cause=exc
-            ) from exc
         self._finish_put(plan, stored)
 
     def put_many(
