@@ -141,7 +141,8 @@ def test_first_use_creates_the_tables_and_records_the_layout_version(
             )
         }
     assert version == [(postgres.SCHEMA_VERSION,)]
-    assert tables == {table, *(table + s for s in ("_segments", "_epochs", "_floor", "_schema"))}
+    suffixes = ("_segments", "_epochs", "_floor", "_schema", "_runlogs", "_events")
+    assert tables == {table, *(table + s for s in suffixes)}
 
 
 def test_tables_of_a_newer_layout_are_refused_naming_the_upgrade(

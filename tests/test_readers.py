@@ -113,7 +113,7 @@ def merged(chunks: list[AIMessageChunk]) -> AIMessageChunk:
 
 
 def wait_for_run(store: StreamCheckpointStore, run_id: str, after: int = 0) -> Iterator[RunEvent]:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30  # a producer in a new interpreter, on a loaded machine
     while True:
         try:
             return follow(store, run_id, after=after)
