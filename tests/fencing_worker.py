@@ -12,8 +12,7 @@ where KIND, ADDRESS and LOCATION name the store (see ``store_kinds.py``) and
 MODE is ``async`` (one task per run on the store's async methods) or
 ``threads`` (the sync API from a thread pool). The workers start together (a
 barrier of files in LOCATION), so their claims overlap. Prints one JSON object:
-claims, accepted and fenced writes. The test runs `child` in processes forked
-from a fork server that has imported this module once.
+claims, accepted and fenced writes.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +143,8 @@ async def main_async(store: StreamCheckpointStore, worker: int, runs: int, round
     return log
 
 
-def run(argv: list[str]) -> str:
-    """Drive the runs as ``argv`` (the command line's arguments) says; the log as JSON."""
-    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = argv[:8]
+def main() -> None:
+    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:9]
     worker, runs, rounds = int(worker_s), int(runs_s), int(rounds_s)
     store = open_store(kind, location, address)  # type: ignore[arg-type]
     store.list_run_ids()  # connected (and a new database's tables made) before the start
@@ -167,22 +164,7 @@ def run(argv: list[str]) -> str:
             ]:
                 future.result()
     store.close()
-    return log.dump()
-
-
-def child(argv: list[str], results: Connection) -> None:
-    """A fork server's process: `run`, and send its log (or the error) back."""
-    try:
-        results.send(("ok", run(argv)))
-    except BaseException as exc:  # the test reads it instead of a bare exit code
-        results.send(("error", f"{type(exc).__name__}: {exc}"))
-        raise
-    finally:
-        results.close()
-
-
-def main() -> None:
-    print(run(sys.argv[1:]))
+    print(log.dump())
 
 
 if __name__ == "__main__":

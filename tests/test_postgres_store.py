@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import io
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -249,29 +248,6 @@ def test_async_twins_run_on_the_loops_own_pool_and_close_it_with_the_loop(
     got = store.get("run-1")  # type: ignore[attr-defined]
     assert got is not None
     assert got.partial_text == "async text"
-
-
-def test_asyncio_run_returns_after_each_of_many_short_async_reads_on_fresh_loops(
-    postgres_server: PostgresServer, store: object
-) -> None:
-    # A pool still opening its first connection in the background when the first
-    # read asks for one starts a second; asyncio.run's cancellation of that connect
-    # at the loop's end was lost in psycopg_pool and the run never returned.
-    sizes: list[int] = []
-
-    async def read() -> int:
-        await store.aget("run-1")  # type: ignore[attr-defined]
-        return int(store._loop_pools._made[asyncio.get_running_loop()][0].get_stats()["pool_size"])  # type: ignore[attr-defined]
-
-    def reads() -> None:
-        for _ in range(15):
-            sizes.append(asyncio.run(read()))
-
-    thread = threading.Thread(target=reads, daemon=True)
-    thread.start()
-    thread.join(60)
-    assert not thread.is_alive(), f"asyncio.run never returned after {len(sizes)} reads"
-    assert sizes == [1] * 15  # one connection per loop: none was being opened at its end
 
 
 def test_async_unreachable_server_fails_within_the_deadline() -> None:

@@ -2,60 +2,65 @@
 
 Four processes, two on the async API and two on threads, race claims and
 read-extend-write cycles on the same 32 runs of one store (see
-``fencing_worker.py``; the processes are forked from a fork server). Every
-accepted write extends the text it read, so the final text of each run is the
-history of what landed: no stale write may land after a newer owner's, and no
-accepted write may be lost.
+``fencing_worker.py``). Every accepted write extends the text it read, so the
+final text of each run is the history of what landed: no stale write may land
+after a newer owner's, and no accepted write may be lost.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections import defaultdict
-from multiprocessing.context import ForkServerContext
 from pathlib import Path
 
-import fencing_worker
 import pytest
-from fork_server import fork_server as start_fork_server
 
 from tests.store_kinds import SERVER_KINDS, StoreKind, open_store, server_address
 
 pytestmark = pytest.mark.slow
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).resolve().parent / "fencing_worker.py"
 SEGMENT = re.compile(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>")
-
-
-@pytest.fixture(scope="module")
-def fork_server() -> ForkServerContext:
-    """Racing processes forked from one that imported the stores once."""
-    return start_fork_server("fencing_worker")
 
 
 @pytest.mark.parametrize("kind", SERVER_KINDS)
 def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
-    kind: StoreKind, tmp_path: Path, fork_server: ForkServerContext
+    kind: StoreKind, tmp_path: Path
 ) -> None:
     address, location = server_address(kind), str(tmp_path / "race")
     processes, runs, rounds = 4, 32, 2
-    argv = [kind, address, location, "", str(processes), str(runs), str(rounds), ""]
-    pipes, workers = [], []
-    for worker in range(processes):
-        argv[3], argv[7] = str(worker), "async" if worker % 2 == 0 else "threads"
-        receive, send = fork_server.Pipe(duplex=False)
-        process = fork_server.Process(target=fencing_worker.child, args=(list(argv), send))
-        process.start()
-        send.close()
-        pipes.append(receive)
-        workers.append(process)
+    workers = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(WORKER),
+                kind,
+                address,
+                location,
+                str(worker),
+                str(processes),
+                str(runs),
+                str(rounds),
+                "async" if worker % 2 == 0 else "threads",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(WORKER.parent)])},
+            cwd=REPO_ROOT,
+        )
+        for worker in range(processes)
+    ]
     logs = []
-    for receive, process in zip(pipes, workers, strict=True):
-        assert receive.poll(120), "a racing process sent nothing in two minutes"
-        status, result = receive.recv()
-        process.join(30)
-        assert status == "ok", result
-        logs.append(json.loads(result))
+    for process in workers:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        logs.append(json.loads(out))
 
     claims: dict[str, list[int]] = defaultdict(list)
     accepted: dict[str, set[str]] = defaultdict(set)

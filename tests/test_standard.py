@@ -22,9 +22,11 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 from awaken_langchain import RecoveringChatModel
 from awaken_langchain.testing import DEFAULT_SHAPE_RULES, LoopbackProvider, schema_responder
 
-# langchain-openai caches its async HTTP client per base URL: share one event loop
+# langchain-openai caches its async HTTP client per base URL: share one event loop, the
+# session's (parallel workers may run this module's tests in several stretches, and a
+# module-scoped loop closed between two of them strands the cached client's connections)
 pytestmark = [
-    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.asyncio(loop_scope="session"),
     pytest.mark.filterwarnings(
         "ignore:The test <Function .* is marked with '@pytest.mark.asyncio'"
     ),

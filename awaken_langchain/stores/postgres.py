@@ -517,12 +517,7 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
             timeout=self.timeout,
             kwargs=self._connect_kwargs,
         )
-        # Wait for the first connection: a pool opened without waiting is still
-        # connecting in the background when the first operation asks for a
-        # connection, which makes it start a second one; if the loop ends while that
-        # connect is in flight, psycopg_pool loses the cancellation asyncio.run sends
-        # at its end and the run never returns.
-        await pool.open(wait=True, timeout=self.timeout)
+        await pool.open(wait=False)
         return pool
 
     def _prepare(self) -> None:
