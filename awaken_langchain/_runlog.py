@@ -535,9 +535,12 @@ class _RedisTail(Tail):
 class PostgresRunLog(RunLog):
     """Logs in the store's ``<table>_events`` and ``<table>_runlogs`` tables.
 
-    An append and its ``NOTIFY`` commit together; followers ``LISTEN`` on the
-    run's channel on a connection of their own (no polling). A follower marks
-    the run as followed every `RENEW_EVERY` seconds (``watched_at``).
+    An append and its ``NOTIFY`` commit together, on one channel per store whose
+    payload names the run. The followers of a process share one connection that
+    ``LISTEN``s on it (`_PostgresListener`), so a follow costs no connection of
+    its own. A follower marks the run as followed every `RENEW_EVERY` seconds
+    (``watched_at``, on the server's clock) and reads the log at least that
+    often, so a lost notification costs it that long at most.
     """
 
     def __init__(self, store: Any) -> None:
@@ -550,8 +553,8 @@ class PostgresRunLog(RunLog):
             for key, text in {
                 "grow": (
                     "INSERT INTO {runlogs} AS r VALUES (%s, %s, false, 0, NULL) "
-                    "ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length "
-                    "RETURNING length"
+                    "ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length, "
+                    "ended_at = NULL RETURNING length"
                 ),
                 "append": "INSERT INTO {events} VALUES (%s, %s, %s)",
                 "read": "SELECT event FROM {events} WHERE run_id = %s AND seq > %s ORDER BY seq",
@@ -561,10 +564,13 @@ class PostgresRunLog(RunLog):
                     "ON CONFLICT (run_id) DO UPDATE SET stop = true"
                 ),
                 "watch": (
-                    "INSERT INTO {runlogs} AS r VALUES (%s, 0, false, %s, NULL) "
-                    "ON CONFLICT (run_id) DO UPDATE SET watched_at = EXCLUDED.watched_at"
+                    "UPDATE {runlogs} SET watched_at = extract(epoch FROM clock_timestamp()) "
+                    "WHERE run_id = %s"
                 ),
-                "check": "SELECT run_id, watched_at, stop FROM {runlogs} WHERE run_id = ANY(%s)",
+                "check": (
+                    "SELECT run_id, extract(epoch FROM clock_timestamp()) - watched_at < %s, "
+                    "stop FROM {runlogs} WHERE run_id = ANY(%s)"
+                ),
                 "finished": "UPDATE {runlogs} SET stop = false, ended_at = %s WHERE run_id = %s",
                 "collect_events": (
                     "DELETE FROM {events} e USING {runlogs} r WHERE e.run_id = r.run_id "
@@ -573,12 +579,16 @@ class PostgresRunLog(RunLog):
                 "collect_runs": "DELETE FROM {runlogs} WHERE ended_at < %s",
             }.items()
         }
-        self._prefix = names["heads"].as_string(None).encode()
+        prefix = names["heads"].as_string(None).encode()
+        self.channel = "awaken_" + hashlib.sha256(prefix).hexdigest()[:40]
+        """The store's channel (a digest: a safe identifier); each payload names a run."""
+        self._listener = _PostgresListener(self)
         self._swept = 0.0
 
-    def _channel(self, run_id: str) -> str:
-        digest = hashlib.sha256(self._prefix + b"\x00" + run_id_bytes(run_id)).hexdigest()
-        return "awaken_" + digest[:40]
+    @staticmethod
+    def payload(run_id: str) -> str:
+        """What an append of ``run_id`` sends on the store's channel."""
+        return hashlib.sha256(run_id_bytes(run_id)).hexdigest()[:32]
 
     def _run(self, action: str, run_id: str | None, use: Any) -> Any:
         with self._store._backend_errors(action, run_id), self._store._connection() as conn:
@@ -595,7 +605,7 @@ class PostgresRunLog(RunLog):
                     self._sql["append"],
                     [(key, first + i, event) for i, event in enumerate(events)],
                 )
-            conn.execute("SELECT pg_notify(%s, '')", (self._channel(run_id),))
+            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.payload(run_id)))
             return length
 
         return int(self._run("event log append", run_id, use))
@@ -620,12 +630,9 @@ class PostgresRunLog(RunLog):
         return self.check([run_id])[0][1]
 
     def watch(self, run_id: str) -> None:
-        """Mark the run as followed for `WATCH_FOR` seconds."""
-        self._run(
-            "event log watch",
-            run_id,
-            lambda c: c.execute(self._sql["watch"], (run_id_bytes(run_id), time.time())),
-        )
+        """Mark the run as followed for `WATCH_FOR` seconds (the server's clock)."""
+        key = run_id_bytes(run_id)
+        self._run("event log watch", run_id, lambda c: c.execute(self._sql["watch"], (key,)))
 
     def followed(self, run_id: str) -> bool:
         return self.check([run_id])[0][0]
@@ -633,15 +640,12 @@ class PostgresRunLog(RunLog):
     def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
         keys = [run_id_bytes(run_id) for run_id in run_ids]
         rows = self._run(
-            "event log check", None, lambda c: c.execute(self._sql["check"], (keys,)).fetchall()
+            "event log check",
+            None,
+            lambda c: c.execute(self._sql["check"], (WATCH_FOR, keys)).fetchall(),
         )
-        found = {bytes(key): (watched, stop) for key, watched, stop in rows}
-        now = time.time()
-        missing = (0.0, False)
-        return [
-            (now - found.get(key, missing)[0] < WATCH_FOR, bool(found.get(key, missing)[1]))
-            for key in keys
-        ]
+        found = {bytes(key): (bool(watched), bool(stop)) for key, watched, stop in rows}
+        return [found.get(key, (False, False)) for key in keys]
 
     def tail(self, run_id: str) -> Tail:
         return _PostgresTail(self, run_id)
@@ -667,16 +671,166 @@ class PostgresRunLog(RunLog):
 
         self._run("event log collection", None, use)
 
+    def close(self) -> None:
+        """The store closes: the followers' shared connection closes too."""
+        self._listener.stop()
+
+
+class _Waiters:
+    """The tails of one run in this process, and how many notifications it got."""
+
+    __slots__ = ("changed", "count", "tails")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.changed = threading.Condition(lock)
+        self.count = 0
+        self.tails = 0
+
+
+class _PostgresListener:
+    """The connection that ``LISTEN``s on a store's channel for this process's followers.
+
+    A thread holds it while followers are attached, and for `IDLE_EXIT` seconds
+    after the last one leaves (a follower that retries until a run starts
+    reuses it). It wakes the followers of the run each notification names. If
+    the connection breaks, every follower is woken (each reads the log) and the
+    thread connects again.
+    """
+
+    def __init__(self, log: PostgresRunLog) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._runs: dict[str, _Waiters] = {}
+        self._thread: threading.Thread | None = None
+        self._listening = False
+        self._error: BaseException | None = None
+        self._stopping = False
+
+    def attach(self, run_id: str) -> _Waiters:
+        """Register a follower of ``run_id``; return once the channel is listened to.
+
+        Raises:
+            StreamCheckpointError: If the listening connection cannot be made.
+        """
+        payload = PostgresRunLog.payload(run_id)
+        with self._lock:
+            waiters = self._runs.get(payload)
+            if waiters is None:
+                waiters = self._runs[payload] = _Waiters(self._lock)
+            waiters.tails += 1
+            self._stopping = False
+            if self._thread is None:
+                self._error = None
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-log-listen", daemon=True
+                )
+                self._thread.start()
+            self._changed.wait_for(
+                lambda: self._listening or self._error is not None, self._log._store.timeout
+            )
+            error = None if self._listening else self._error or TimeoutError("no LISTEN yet")
+        if error is not None:
+            self.detach(run_id)
+            with self._log._store._backend_errors("event log listen", run_id):
+                raise error
+        return waiters
+
+    def detach(self, run_id: str) -> None:
+        payload = PostgresRunLog.payload(run_id)
+        with self._lock:
+            waiters = self._runs.get(payload)
+            if waiters is not None:
+                waiters.tails -= 1
+                if waiters.tails <= 0:
+                    del self._runs[payload]
+                waiters.changed.notify_all()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+
+    def _wake_all(self) -> None:
+        for waiters in self._runs.values():
+            waiters.count += 1
+            waiters.changed.notify_all()
+
+    def _loop(self) -> None:
+        conn: Any = None
+        idle_since: float | None = None
+        try:
+            while True:
+                with self._lock:
+                    now = time.monotonic()
+                    if self._runs:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = now
+                    if self._stopping or (
+                        idle_since is not None and now - idle_since >= IDLE_EXIT
+                    ):  # decided under the lock: a follower attaching now starts a thread
+                        self._thread = None
+                        self._listening = False
+                        return
+                if conn is None:
+                    conn = self._connect()
+                    if conn is None:
+                        time.sleep(RENEW_EVERY)
+                        continue
+                try:
+                    for notify in conn.notifies(timeout=RENEW_EVERY):
+                        with self._lock:
+                            waiters = self._runs.get(notify.payload)
+                            if waiters is not None:
+                                waiters.count += 1
+                                waiters.changed.notify_all()
+                except Exception as exc:  # the connection broke: connect again
+                    logger.debug("the event log's LISTEN connection failed: %s", exc)
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
+                    with self._lock:
+                        self._listening = False
+                        self._wake_all()
+        finally:
+            with self._lock:
+                if self._thread is threading.current_thread():  # an unexpected error
+                    self._listening = False
+                    self._thread = None
+                self._wake_all()
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        pool = self._log._store._pool
+        conn = None
+        try:
+            conn = psycopg.connect(pool.conninfo, **{**(pool.kwargs or {}), "autocommit": True})
+            conn.execute(f"LISTEN {self._log.channel}")
+        except Exception as exc:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            with self._lock:
+                self._error = exc
+                self._changed.notify_all()
+            return None
+        with self._lock:
+            self._listening = True
+            self._error = None
+            self._changed.notify_all()
+            self._wake_all()  # what was appended while nobody listened is read now
+        return conn
+
 
 class _PostgresTail(Tail):
     def __init__(self, log: PostgresRunLog, run_id: str) -> None:
-        import psycopg
-
         self._log, self._run_id = log, run_id
-        pool = log._store._pool
-        with log._store._backend_errors("event log listen", run_id):
-            self._conn = psycopg.connect(pool.conninfo, autocommit=True, **(pool.kwargs or {}))
-        self._conn.execute(f"LISTEN {log._channel(run_id)}")  # a digest: a safe identifier
+        self._waiters: _Waiters | None = log._listener.attach(run_id)
+        self._seen = self._waiters.count
         self._renewed = 0.0
 
     def wait(self, timeout: float) -> None:
@@ -684,14 +838,20 @@ class _PostgresTail(Tail):
         if now - self._renewed >= RENEW_EVERY:
             self._renewed = now
             self._log.watch(self._run_id)
-        timeout = min(timeout, RENEW_EVERY)
-        for _ in self._conn.notifies(timeout=timeout, stop_after=1):
-            pass
-        for _ in self._conn.notifies(timeout=0):  # several appends wake the follower once
-            pass
+        waiters = self._waiters
+        if waiters is None:
+            return
+        with waiters.changed:  # several appends wake the follower once
+            waiters.changed.wait_for(
+                lambda: waiters.count != self._seen or self._waiters is None,
+                min(timeout, RENEW_EVERY),
+            )
+            self._seen = waiters.count
 
     def close(self) -> None:
-        self._conn.close()
+        if self._waiters is not None:
+            self._waiters = None
+            self._log._listener.detach(self._run_id)
 
 
 # -- which log a store has ------------------------------------------------------------
@@ -747,6 +907,13 @@ def collect_run_logs(store: StreamCheckpointStore) -> None:
     if collect is not None:
         with contextlib.suppress(OSError):
             collect(store.ttl if store.ttl is not None else KEEP_FOR)
+
+
+def close_run_log(store: StreamCheckpointStore) -> None:
+    """``store`` closes: release what its log holds in this process (a listening connection)."""
+    close = getattr(_LOGS.get(store), "close", None)
+    if close is not None:
+        close()
 
 
 def has_run_log(store: StreamCheckpointStore) -> bool:

@@ -113,7 +113,8 @@ def merged(chunks: list[AIMessageChunk]) -> AIMessageChunk:
 
 
 def wait_for_run(store: StreamCheckpointStore, run_id: str, after: int = 0) -> Iterator[RunEvent]:
-    deadline = time.monotonic() + 30  # a producer in a new interpreter, on a loaded machine
+    # a producer in a new interpreter: its imports alone took 7-9 s on a loaded machine
+    deadline = time.monotonic() + 30
     while True:
         try:
             return follow(store, run_id, after=after)
@@ -431,6 +432,44 @@ def test_finished_runs_logs_end(
     with pytest.raises(UnknownRunError):
         follow(store, first)
     assert list(follow(store, second))[-1].type == "completed"
+
+
+def test_followers_in_one_process_share_one_listening_postgres_connection(
+    server: LoopbackProvider, tmp_path: Path
+) -> None:
+    import psycopg
+
+    dsn = shared_postgres_server().dsn
+    listening = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query LIKE 'LISTEN %%' AND backend_start >= %s"
+    )
+    server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.01))  # about 2 s
+    run_id = str(uuid.uuid4())
+    with (
+        psycopg.connect(dsn, autocommit=True) as admin,
+        open_store(["postgres", dsn, table_for(tmp_path / "store")]) as store,
+    ):
+        began = admin.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        for _ in range(20):  # a follower retrying until the run starts
+            with pytest.raises(UnknownRunError):
+                follow(store, run_id)
+        after_retries = {row[0] for row in admin.execute(listening, (began,))}
+        readers = [Reader(store, run_id) for _ in range(10)]
+        for reader in readers:
+            reader.start()
+        during: set[int] = set()
+        chunks: list[AIMessageChunk] = []
+        for chunk in wrapped(server, store).stream("Hi", config={"run_id": run_id}):
+            chunks.append(chunk)
+            if len(chunks) == 120:  # about 1.2 s in: every reader follows
+                assert all(reader.events for reader in readers)
+                during = {row[0] for row in admin.execute(listening, (began,))}
+        for reader in readers:
+            reader.join(10)
+    assert len(after_retries) == 1  # kept while the follower retries, not one per try
+    assert during == after_retries  # ten followers, the same one connection
+    assert [reader.text for reader in readers] == [merged(chunks).text] * 10
 
 
 def test_a_frozen_store_does_not_delay_the_final_event_of_another_stores_runs(

@@ -618,7 +618,13 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
         await self.aclose()
 
     def close(self) -> None:
-        """Close the connection pool the store created (a borrowed pool stays open)."""
+        """Close the connection pool the store created (a borrowed pool stays open).
+
+        The connection its followers in this process share closes too.
+        """
+        from awaken_langchain._runlog import close_run_log
+
+        close_run_log(self)
         if self._owns_pool and self._opened:
             with self._backend_errors("close", None):
                 self._pool.close()
