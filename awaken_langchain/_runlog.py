@@ -32,7 +32,11 @@ offset ``n`` (1-based). The log backends:
 - Redis: a list ``<prefix>:{<run_id>}:events``, a channel of the same name on
   which each append publishes the new length (followers block on it, no
   polling), a ``...:stop`` key; a run is followed while its channel has
-  subscribers.
+  subscribers;
+- PostgreSQL: rows in ``<table>_events``, the run's length, stop request and
+  follower's mark in ``<table>_runlogs``; each append sends a ``NOTIFY`` on the
+  store's channel, which one connection per process ``LISTEN``s on for its
+  followers.
 """
 
 from __future__ import annotations
