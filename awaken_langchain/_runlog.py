@@ -555,14 +555,19 @@ class PostgresRunLog(RunLog):
         self._sql = {
             key: sql.SQL(text).format(**names)
             for key, text in {
-                "grow": (
-                    "INSERT INTO {runlogs} AS r VALUES (%s, %s, false, 0, NULL) "
-                    "ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length, "
-                    "ended_at = NULL RETURNING length"
+                "append": (  # one round trip: the run's new length, its events, the NOTIFY
+                    "WITH grown AS (INSERT INTO {runlogs} AS r VALUES (%(run)s, %(n)s, false, 0, "
+                    "NULL) ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length, "
+                    "ended_at = NULL RETURNING length), "
+                    "added AS (INSERT INTO {events} SELECT %(run)s, grown.length - %(n)s + t.i, "
+                    "t.event FROM grown, unnest(%(events)s::bytea[]) WITH ORDINALITY "
+                    "AS t(event, i)) "
+                    "SELECT length, pg_notify(%(channel)s, %(payload)s) FROM grown"
                 ),
-                "append": "INSERT INTO {events} VALUES (%s, %s, %s)",
-                "read": "SELECT event FROM {events} WHERE run_id = %s AND seq > %s ORDER BY seq",
-                "exists": "SELECT 1 FROM {runlogs} WHERE run_id = %s",
+                "read": (  # no row: no such run; one row without an event: nothing new
+                    "SELECT e.event FROM {runlogs} r LEFT JOIN {events} e "
+                    "ON e.run_id = r.run_id AND e.seq > %s WHERE r.run_id = %s ORDER BY e.seq"
+                ),
                 "stop": (
                     "INSERT INTO {runlogs} AS r VALUES (%s, 0, true, 0, NULL) "
                     "ON CONFLICT (run_id) DO UPDATE SET stop = true"
@@ -601,16 +606,16 @@ class PostgresRunLog(RunLog):
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
         key = run_id_bytes(run_id)
 
+        params = {
+            "run": key,
+            "n": len(events),
+            "events": list(events),
+            "channel": self.channel,
+            "payload": self.payload(run_id),
+        }
+
         def use(conn: Any) -> int:
-            length = int(conn.execute(self._sql["grow"], (key, len(events))).fetchone()[0])
-            first = length - len(events) + 1
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    self._sql["append"],
-                    [(key, first + i, event) for i, event in enumerate(events)],
-                )
-            conn.execute("SELECT pg_notify(%s, %s)", (self.channel, self.payload(run_id)))
-            return length
+            return int(conn.execute(self._sql["append"], params).fetchone()[0])
 
         return int(self._run("event log append", run_id, use))
 
@@ -618,10 +623,10 @@ class PostgresRunLog(RunLog):
         key = run_id_bytes(run_id)
 
         def use(conn: Any) -> list[bytes] | None:
-            rows = conn.execute(self._sql["read"], (key, after)).fetchall()
-            if not rows and conn.execute(self._sql["exists"], (key,)).fetchone() is None:
+            rows = conn.execute(self._sql["read"], (after, key)).fetchall()
+            if not rows:
                 return None
-            return [bytes(row[0]) for row in rows]
+            return [bytes(row[0]) for row in rows if row[0] is not None]
 
         found: list[bytes] | None = self._run("event log read", run_id, use)
         return found
