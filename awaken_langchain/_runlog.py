@@ -148,6 +148,18 @@ class RunLog(ABC):
     def finished(self, run_id: str) -> None:  # noqa: B027 - optional hook
         """The run's final event is written (a backend can start its expiry)."""
 
+    def append_final(self, run_id: str, events: Sequence[bytes]) -> None:
+        """Append the run's last events (the final one last), then mark it `finished`.
+
+        A backend that can do both in one round trip overrides it: the turn
+        waits for this before it returns.
+        """
+        try:
+            self.append(run_id, events)
+        finally:
+            with contextlib.suppress(Exception):
+                self.finished(run_id)
+
     def left(self, run_id: str) -> None:  # noqa: B027 - optional hook
         """A turn fenced out of the run ended: its log ends as a finished run's would.
 
@@ -536,6 +548,17 @@ class _RedisTail(Tail):
 # -- PostgreSQL -----------------------------------------------------------------------
 
 
+_APPEND_SQL = (  # one round trip: the run's new length, its events, the NOTIFY
+    "WITH grown AS (INSERT INTO {{runlogs}} AS r VALUES (%(run)s, %(n)s, false, 0, %(ended)s) "
+    "ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length, "
+    "stop = {stop}, ended_at = EXCLUDED.ended_at RETURNING length), "
+    "added AS (INSERT INTO {{events}} SELECT %(run)s, grown.length - %(n)s + t.i, t.event "
+    "FROM grown, unnest(%(events)s::bytea[]) WITH ORDINALITY AS t(event, i)) "
+    "SELECT length, pg_notify(%(channel)s, %(payload)s) FROM grown"
+)
+"""An append; ``ended`` is set (the store's clock) with the final event, else ``NULL``."""
+
+
 class PostgresRunLog(RunLog):
     """Logs in the store's ``<table>_events`` and ``<table>_runlogs`` tables.
 
@@ -555,15 +578,8 @@ class PostgresRunLog(RunLog):
         self._sql = {
             key: sql.SQL(text).format(**names)
             for key, text in {
-                "append": (  # one round trip: the run's new length, its events, the NOTIFY
-                    "WITH grown AS (INSERT INTO {runlogs} AS r VALUES (%(run)s, %(n)s, false, 0, "
-                    "NULL) ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length, "
-                    "ended_at = NULL RETURNING length), "
-                    "added AS (INSERT INTO {events} SELECT %(run)s, grown.length - %(n)s + t.i, "
-                    "t.event FROM grown, unnest(%(events)s::bytea[]) WITH ORDINALITY "
-                    "AS t(event, i)) "
-                    "SELECT length, pg_notify(%(channel)s, %(payload)s) FROM grown"
-                ),
+                "append": _APPEND_SQL.format(stop="r.stop"),
+                "append_final": _APPEND_SQL.format(stop="false"),
                 "read": (  # no row: no such run; one row without an event: nothing new
                     "SELECT e.event FROM {runlogs} r LEFT JOIN {events} e "
                     "ON e.run_id = r.run_id AND e.seq > %s WHERE r.run_id = %s ORDER BY e.seq"
@@ -604,18 +620,27 @@ class PostgresRunLog(RunLog):
             return use(conn)
 
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
-        key = run_id_bytes(run_id)
+        return self._append("append", run_id, events, None)
 
+    def append_final(self, run_id: str, events: Sequence[bytes]) -> None:
+        """The last events and the run's end (``ended_at``, the stop cleared) in one statement."""
+        self._append("append_final", run_id, events, float(self._store.clock()))
+        self._sweep()
+
+    def _append(
+        self, statement: str, run_id: str, events: Sequence[bytes], ended: float | None
+    ) -> int:
         params = {
-            "run": key,
+            "run": run_id_bytes(run_id),
             "n": len(events),
+            "ended": ended,
             "events": list(events),
             "channel": self.channel,
             "payload": self.payload(run_id),
         }
 
         def use(conn: Any) -> int:
-            return int(conn.execute(self._sql["append"], params).fetchone()[0])
+            return int(conn.execute(self._sql[statement], params).fetchone()[0])
 
         return int(self._run("event log append", run_id, use))
 
@@ -666,6 +691,9 @@ class PostgresRunLog(RunLog):
             run_id,
             lambda c: c.execute(self._sql["finished"], (ended, run_id_bytes(run_id))),
         )
+        self._sweep()
+
+    def _sweep(self) -> None:
         if time.time() - self._swept >= SWEEP_EVERY:
             self._swept = time.time()
             self.collect(KEEP_FOR)
@@ -1093,7 +1121,10 @@ class Tap:
             if not events:
                 return
             try:
-                self.log.append(self.run_id, events)
+                if final is None:
+                    self.log.append(self.run_id, events)
+                else:
+                    self.log.append_final(self.run_id, events)
             except Exception as exc:  # a failing log never fails the turn
                 if not self.failing:
                     logger.warning("could not write the event log of %r: %s", self.run_id, exc)
@@ -1102,9 +1133,6 @@ class Tap:
                     pending.extendleft(reversed(items))
             else:
                 self.failing = False
-            if final is not None:
-                with contextlib.suppress(Exception):
-                    self.log.finished(self.run_id)
 
     def abandon(self) -> None:
         """The turn ended without an outcome (its caller stopped reading).
