@@ -32,7 +32,11 @@ offset ``n`` (1-based). The log backends:
 - Redis: a list ``<prefix>:{<run_id>}:events``, a channel of the same name on
   which each append publishes the new length (followers block on it, no
   polling), a ``...:stop`` key; a run is followed while its channel has
-  subscribers.
+  subscribers;
+- PostgreSQL: rows in ``<table>_events``, the run's length, stop request and
+  follower's mark in ``<table>_runlogs``; each append sends a ``NOTIFY`` on the
+  store's channel, which one connection per process ``LISTEN``s on for its
+  followers.
 """
 
 from __future__ import annotations
@@ -143,6 +147,18 @@ class RunLog(ABC):
 
     def finished(self, run_id: str) -> None:  # noqa: B027 - optional hook
         """The run's final event is written (a backend can start its expiry)."""
+
+    def append_final(self, run_id: str, events: Sequence[bytes]) -> None:
+        """Append the run's last events (the final one last), then mark it `finished`.
+
+        A backend that can do both in one round trip overrides it: the turn
+        waits for this before it returns.
+        """
+        try:
+            self.append(run_id, events)
+        finally:
+            with contextlib.suppress(Exception):
+                self.finished(run_id)
 
     def left(self, run_id: str) -> None:  # noqa: B027 - optional hook
         """A turn fenced out of the run ended: its log ends as a finished run's would.
@@ -529,6 +545,352 @@ class _RedisTail(Tail):
                 self._using.release()
 
 
+# -- PostgreSQL -----------------------------------------------------------------------
+
+
+_APPEND_SQL = (  # one round trip: the run's new length, its events, the NOTIFY
+    "WITH grown AS (INSERT INTO {{runlogs}} AS r VALUES (%(run)s, %(n)s, false, 0, %(ended)s) "
+    "ON CONFLICT (run_id) DO UPDATE SET length = r.length + EXCLUDED.length, "
+    "stop = {stop}, ended_at = EXCLUDED.ended_at RETURNING length), "
+    "added AS (INSERT INTO {{events}} SELECT %(run)s, grown.length - %(n)s + t.i, t.event "
+    "FROM grown, unnest(%(events)s::bytea[]) WITH ORDINALITY AS t(event, i)) "
+    "SELECT length, pg_notify(%(channel)s, %(payload)s) FROM grown"
+)
+"""An append; ``ended`` is set (the store's clock) with the final event, else ``NULL``."""
+
+
+class PostgresRunLog(RunLog):
+    """Logs in the store's ``<table>_events`` and ``<table>_runlogs`` tables.
+
+    An append and its ``NOTIFY`` commit together, on one channel per store whose
+    payload names the run. The followers of a process share one connection that
+    ``LISTEN``s on it (`_PostgresListener`), so a follow costs no connection of
+    its own. A follower marks the run as followed every `RENEW_EVERY` seconds
+    (``watched_at``, on the server's clock) and reads the log at least that
+    often, so a lost notification costs it that long at most.
+    """
+
+    def __init__(self, store: Any) -> None:
+        from psycopg import sql
+
+        self._store = store
+        names = store._names
+        self._sql = {
+            key: sql.SQL(text).format(**names)
+            for key, text in {
+                "append": _APPEND_SQL.format(stop="r.stop"),
+                "append_final": _APPEND_SQL.format(stop="false"),
+                "read": (  # no row: no such run; one row without an event: nothing new
+                    "SELECT e.event FROM {runlogs} r LEFT JOIN {events} e "
+                    "ON e.run_id = r.run_id AND e.seq > %s WHERE r.run_id = %s ORDER BY e.seq"
+                ),
+                "stop": (
+                    "INSERT INTO {runlogs} AS r VALUES (%s, 0, true, 0, NULL) "
+                    "ON CONFLICT (run_id) DO UPDATE SET stop = true"
+                ),
+                "watch": (
+                    "UPDATE {runlogs} SET watched_at = extract(epoch FROM clock_timestamp()) "
+                    "WHERE run_id = %s"
+                ),
+                "check": (
+                    "SELECT run_id, extract(epoch FROM clock_timestamp()) - watched_at < %s, "
+                    "stop FROM {runlogs} WHERE run_id = ANY(%s)"
+                ),
+                "finished": "UPDATE {runlogs} SET stop = false, ended_at = %s WHERE run_id = %s",
+                "collect_events": (
+                    "DELETE FROM {events} e USING {runlogs} r WHERE e.run_id = r.run_id "
+                    "AND r.ended_at < %s"
+                ),
+                "collect_runs": "DELETE FROM {runlogs} WHERE ended_at < %s",
+            }.items()
+        }
+        prefix = names["heads"].as_string(None).encode()
+        self.channel = "awaken_" + hashlib.sha256(prefix).hexdigest()[:40]
+        """The store's channel (a digest: a safe identifier); each payload names a run."""
+        self._listener = _PostgresListener(self)
+        self._swept = 0.0
+
+    @staticmethod
+    def payload(run_id: str) -> str:
+        """What an append of ``run_id`` sends on the store's channel."""
+        return hashlib.sha256(run_id_bytes(run_id)).hexdigest()[:32]
+
+    def _run(self, action: str, run_id: str | None, use: Any) -> Any:
+        with self._store._backend_errors(action, run_id), self._store._connection() as conn:
+            return use(conn)
+
+    def append(self, run_id: str, events: Sequence[bytes]) -> int:
+        return self._append("append", run_id, events, None)
+
+    def append_final(self, run_id: str, events: Sequence[bytes]) -> None:
+        """The last events and the run's end (``ended_at``, the stop cleared) in one statement."""
+        self._append("append_final", run_id, events, float(self._store.clock()))
+        self._sweep()
+
+    def _append(
+        self, statement: str, run_id: str, events: Sequence[bytes], ended: float | None
+    ) -> int:
+        params = {
+            "run": run_id_bytes(run_id),
+            "n": len(events),
+            "ended": ended,
+            "events": list(events),
+            "channel": self.channel,
+            "payload": self.payload(run_id),
+        }
+
+        def use(conn: Any) -> int:
+            return int(conn.execute(self._sql[statement], params).fetchone()[0])
+
+        return int(self._run("event log append", run_id, use))
+
+    def read(self, run_id: str, after: int) -> list[bytes] | None:
+        key = run_id_bytes(run_id)
+
+        def use(conn: Any) -> list[bytes] | None:
+            rows = conn.execute(self._sql["read"], (after, key)).fetchall()
+            if not rows:
+                return None
+            return [bytes(row[0]) for row in rows if row[0] is not None]
+
+        found: list[bytes] | None = self._run("event log read", run_id, use)
+        return found
+
+    def request_stop(self, run_id: str) -> None:
+        key = run_id_bytes(run_id)
+        self._run("stop request", run_id, lambda c: c.execute(self._sql["stop"], (key,)))
+
+    def stop_requested(self, run_id: str) -> bool:
+        return self.check([run_id])[0][1]
+
+    def watch(self, run_id: str) -> None:
+        """Mark the run as followed for `WATCH_FOR` seconds (the server's clock)."""
+        key = run_id_bytes(run_id)
+        self._run("event log watch", run_id, lambda c: c.execute(self._sql["watch"], (key,)))
+
+    def followed(self, run_id: str) -> bool:
+        return self.check([run_id])[0][0]
+
+    def check(self, run_ids: Sequence[str]) -> list[tuple[bool, bool]]:
+        keys = [run_id_bytes(run_id) for run_id in run_ids]
+        rows = self._run(
+            "event log check",
+            None,
+            lambda c: c.execute(self._sql["check"], (WATCH_FOR, keys)).fetchall(),
+        )
+        found = {bytes(key): (bool(watched), bool(stop)) for key, watched, stop in rows}
+        return [found.get(key, (False, False)) for key in keys]
+
+    def tail(self, run_id: str) -> Tail:
+        return _PostgresTail(self, run_id)
+
+    def finished(self, run_id: str) -> None:
+        ended = float(self._store.clock())
+        self._run(
+            "event log end",
+            run_id,
+            lambda c: c.execute(self._sql["finished"], (ended, run_id_bytes(run_id))),
+        )
+        self._sweep()
+
+    def _sweep(self) -> None:
+        if time.time() - self._swept >= SWEEP_EVERY:
+            self._swept = time.time()
+            self.collect(KEEP_FOR)
+
+    def collect(self, keep_for: float) -> None:
+        """Remove the logs of runs that finished more than ``keep_for`` ago (store clock)."""
+        before = float(self._store.clock()) - keep_for
+
+        def use(conn: Any) -> None:
+            conn.execute(self._sql["collect_events"], (before,))
+            conn.execute(self._sql["collect_runs"], (before,))
+
+        self._run("event log collection", None, use)
+
+    def close(self) -> None:
+        """The store closes: the followers' shared connection closes too."""
+        self._listener.stop()
+
+
+class _Waiters:
+    """The tails of one run in this process, and how many notifications it got."""
+
+    __slots__ = ("changed", "count", "tails")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.changed = threading.Condition(lock)
+        self.count = 0
+        self.tails = 0
+
+
+class _PostgresListener:
+    """The connection that ``LISTEN``s on a store's channel for this process's followers.
+
+    A thread holds it while followers are attached, and for `IDLE_EXIT` seconds
+    after the last one leaves (a follower that retries until a run starts
+    reuses it). It wakes the followers of the run each notification names. If
+    the connection breaks, every follower is woken (each reads the log) and the
+    thread connects again.
+    """
+
+    def __init__(self, log: PostgresRunLog) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._runs: dict[str, _Waiters] = {}
+        self._thread: threading.Thread | None = None
+        self._listening = False
+        self._error: BaseException | None = None
+        self._stopping = False
+
+    def attach(self, run_id: str) -> _Waiters:
+        """Register a follower of ``run_id``; return once the channel is listened to.
+
+        Raises:
+            StreamCheckpointError: If the listening connection cannot be made.
+        """
+        payload = PostgresRunLog.payload(run_id)
+        with self._lock:
+            waiters = self._runs.get(payload)
+            if waiters is None:
+                waiters = self._runs[payload] = _Waiters(self._lock)
+            waiters.tails += 1
+            self._stopping = False
+            if self._thread is None:
+                self._error = None
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-log-listen", daemon=True
+                )
+                self._thread.start()
+            self._changed.wait_for(
+                lambda: self._listening or self._error is not None, self._log._store.timeout
+            )
+            error = None if self._listening else self._error or TimeoutError("no LISTEN yet")
+        if error is not None:
+            self.detach(run_id)
+            with self._log._store._backend_errors("event log listen", run_id):
+                raise error
+        return waiters
+
+    def detach(self, run_id: str) -> None:
+        payload = PostgresRunLog.payload(run_id)
+        with self._lock:
+            waiters = self._runs.get(payload)
+            if waiters is not None:
+                waiters.tails -= 1
+                if waiters.tails <= 0:
+                    del self._runs[payload]
+                waiters.changed.notify_all()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+
+    def _wake_all(self) -> None:
+        for waiters in self._runs.values():
+            waiters.count += 1
+            waiters.changed.notify_all()
+
+    def _loop(self) -> None:
+        conn: Any = None
+        idle_since: float | None = None
+        try:
+            while True:
+                with self._lock:
+                    now = time.monotonic()
+                    if self._runs:
+                        idle_since = None
+                    elif idle_since is None:
+                        idle_since = now
+                    if self._stopping or (
+                        idle_since is not None and now - idle_since >= IDLE_EXIT
+                    ):  # decided under the lock: a follower attaching now starts a thread
+                        self._thread = None
+                        self._listening = False
+                        return
+                if conn is None:
+                    conn = self._connect()
+                    if conn is None:
+                        time.sleep(RENEW_EVERY)
+                        continue
+                try:
+                    for notify in conn.notifies(timeout=RENEW_EVERY):
+                        with self._lock:
+                            waiters = self._runs.get(notify.payload)
+                            if waiters is not None:
+                                waiters.count += 1
+                                waiters.changed.notify_all()
+                except Exception as exc:  # the connection broke: connect again
+                    logger.debug("the event log's LISTEN connection failed: %s", exc)
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                    conn = None
+                    with self._lock:
+                        self._listening = False
+                        self._wake_all()
+        finally:
+            with self._lock:
+                if self._thread is threading.current_thread():  # an unexpected error
+                    self._listening = False
+                    self._thread = None
+                self._wake_all()
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def _connect(self) -> Any:
+        import psycopg
+
+        pool = self._log._store._pool
+        conn = None
+        try:
+            conn = psycopg.connect(pool.conninfo, **{**(pool.kwargs or {}), "autocommit": True})
+            conn.execute(f"LISTEN {self._log.channel}")
+        except Exception as exc:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            with self._lock:
+                self._error = exc
+                self._changed.notify_all()
+            return None
+        with self._lock:
+            self._listening = True
+            self._error = None
+            self._changed.notify_all()
+            self._wake_all()  # what was appended while nobody listened is read now
+        return conn
+
+
+class _PostgresTail(Tail):
+    def __init__(self, log: PostgresRunLog, run_id: str) -> None:
+        self._log, self._run_id = log, run_id
+        self._waiters: _Waiters | None = log._listener.attach(run_id)
+        self._seen = self._waiters.count
+        self._renewed = 0.0
+
+    def wait(self, timeout: float) -> None:
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY:
+            self._renewed = now
+            self._log.watch(self._run_id)
+        waiters = self._waiters
+        if waiters is None:
+            return
+        with waiters.changed:  # several appends wake the follower once
+            waiters.changed.wait_for(
+                lambda: waiters.count != self._seen or self._waiters is None,
+                min(timeout, RENEW_EVERY),
+            )
+            self._seen = waiters.count
+
+    def close(self) -> None:
+        if self._waiters is not None:
+            self._waiters = None
+            self._log._listener.detach(self._run_id)
+
+
 # -- which log a store has ------------------------------------------------------------
 
 _LOGS: weakref.WeakKeyDictionary[StreamCheckpointStore, RunLog] = weakref.WeakKeyDictionary()
@@ -563,9 +925,11 @@ def _make_log(store: StreamCheckpointStore) -> RunLog:
         return DirectoryRunLog(store.directory, clock=store.clock)
     if type(store).__name__ == "RedisStreamCheckpointStore":
         return RedisRunLog(store)
+    if type(store).__name__ == "PostgresStreamCheckpointStore":
+        return PostgresRunLog(store)
     raise TypeError(
         f"{type(store).__name__} keeps no event logs for readers yet; follow runs of an "
-        "in-process, file, DiskCache or Redis store"
+        "in-process, file, DiskCache, Redis or PostgreSQL store"
     )
 
 
@@ -580,6 +944,13 @@ def collect_run_logs(store: StreamCheckpointStore) -> None:
     if collect is not None:
         with contextlib.suppress(OSError):
             collect(store.ttl if store.ttl is not None else KEEP_FOR)
+
+
+def close_run_log(store: StreamCheckpointStore) -> None:
+    """``store`` closes: release what its log holds in this process (a listening connection)."""
+    close = getattr(_LOGS.get(store), "close", None)
+    if close is not None:
+        close()
 
 
 def has_run_log(store: StreamCheckpointStore) -> bool:
@@ -750,7 +1121,10 @@ class Tap:
             if not events:
                 return
             try:
-                self.log.append(self.run_id, events)
+                if final is None:
+                    self.log.append(self.run_id, events)
+                else:
+                    self.log.append_final(self.run_id, events)
             except Exception as exc:  # a failing log never fails the turn
                 if not self.failing:
                     logger.warning("could not write the event log of %r: %s", self.run_id, exc)
@@ -759,9 +1133,6 @@ class Tap:
                     pending.extendleft(reversed(items))
             else:
                 self.failing = False
-            if final is not None:
-                with contextlib.suppress(Exception):
-                    self.log.finished(self.run_id)
 
     def abandon(self) -> None:
         """The turn ended without an outcome (its caller stopped reading).

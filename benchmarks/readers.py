@@ -1,8 +1,8 @@
 """Readers of a running answer: how late a follower sees a delta, and how fast a reader rejoins.
 
-Measured side by side in one run, on the in-process, file, DiskCache and Redis
-stores (Redis on a private ``redis-server`` started as the test suite does;
-skipped with a note when it is not installed).
+Measured side by side in one run, on the in-process, file, DiskCache, Redis and
+PostgreSQL stores (Redis and PostgreSQL on private servers started as the test
+suite does; each skipped with a note when it is not installed).
 
 Delta latency. ``runs`` turns stream at once in this process, each a thread
 calling ``RecoveringChatModel.stream`` around an inner model that streams its
@@ -45,7 +45,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
+import hashlib
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -66,8 +70,9 @@ from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import PrivateAttr
 
-from awaken_langchain import RecoveringChatModel, UnknownRunError, follow
+from awaken_langchain import RecoveringChatModel, StreamCheckpointStore, UnknownRunError, follow
 from benchmarks._common import (
+    LARGE,
     REPO_ROOT,
     answer_for,
     child_env,
@@ -88,6 +93,44 @@ STEADY_AFTER_S = 0.5
 """Seconds into an answer after which the producer has noticed its followers."""
 SIZES = (1_000, 100_000, 1_000_000)
 """Answer lengths so far (characters) at which readers reconnect."""
+
+
+POSTGRES_DSN = "AWAKEN_BENCH_POSTGRES_DSN"
+"""Environment variable with the DSN of the benchmark's PostgreSQL (its child processes read it)."""
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str | None]:
+    """A private PostgreSQL (the test suite's), or ``None`` when it or psycopg is missing."""
+    from importlib.util import find_spec
+
+    if find_spec("psycopg_pool") is None or not (
+        glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("initdb")
+    ):
+        yield None
+        return
+    from tests.postgres_server import PostgresServer
+
+    server = PostgresServer(Path(tempfile.mkdtemp(prefix="bench-postgres-")))
+    server.start()
+    os.environ[POSTGRES_DSN] = server.dsn
+    try:
+        yield server.dsn
+    finally:
+        del os.environ[POSTGRES_DSN]
+        server.remove()
+
+
+def open_store(name: str, directory: Path, redis_url: str | None) -> StreamCheckpointStore:
+    """`make_store`, and the PostgreSQL store (tables named after ``directory``)."""
+    if name != "postgres":
+        return make_store(name, directory, redis_url)
+    from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+    table = "bench_" + hashlib.sha256(str(directory).encode()).hexdigest()[:16]
+    return PostgresStreamCheckpointStore(
+        os.environ[POSTGRES_DSN], table=table, max_checkpoint_bytes=LARGE, max_connections=20
+    )
 
 
 class StampedModel(BaseChatModel):
@@ -188,7 +231,7 @@ def follow_runs(store: Any, run_ids: list[str], per_run: int) -> tuple[list[Any]
 def follower_process() -> None:
     """A child process of followers: arguments as JSON in argv[1], results as JSON on stdout."""
     args = json.loads(sys.argv[1])
-    store = make_store(args["store"], Path(args["directory"]), args["redis_url"])
+    store = open_store(args["store"], Path(args["directory"]), args["redis_url"])
     threads, results = follow_runs(store, args["runs"], args["per_run"])
     print("ready", flush=True)
     for thread in threads:
@@ -262,7 +305,7 @@ def measure_deltas(
     rate: float,
 ) -> DeltaRow:
     """``runs`` concurrent turns on store ``name``, ``followers`` readers each."""
-    store = make_store(name, directory, redis_url)
+    store = open_store(name, directory, redis_url)
     inner = StampedModel(chars=chars, rate=rate)
     model = RecoveringChatModel(model=inner, store=store)
     run_ids = [uuid.uuid4() for _ in range(runs)]
@@ -428,7 +471,7 @@ def measure_reconnects(
     http: bool,
 ) -> list[ReconnectRow]:
     """Readers that rejoin a running answer of each size, by ``follow`` and over HTTP."""
-    store = make_store(name, directory, redis_url)
+    store = open_store(name, directory, redis_url)
     rows = []
     warm = False
     with serve(store) if http else contextlib.nullcontext(0) as port:
@@ -529,7 +572,11 @@ def main(
         skipped.append("redis: skipped, redis-server (or the redis package) is not installed")
     deltas: list[DeltaRow] = []
     reconnects: list[ReconnectRow] = []
-    with redis_server() as redis_url:
+    with redis_server() as redis_url, postgres_server() as dsn:
+        if dsn is None:
+            skipped.append("postgres: skipped, PostgreSQL (or psycopg) is not installed")
+        else:
+            names.append("postgres")
         for name in names:
             with tempfile.TemporaryDirectory(prefix="bench-readers-") as directory:
                 deltas.append(

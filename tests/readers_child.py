@@ -49,6 +49,10 @@ def open_store(spec: list[str], *, reader: bool) -> StreamCheckpointStore:
         return FileStreamCheckpointStore(spec[1], read_only=reader)
     if kind == "diskcache":
         return DiskCacheStreamCheckpointStore(spec[1])
+    if kind == "postgres":
+        from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+        return PostgresStreamCheckpointStore(spec[1], table=spec[2], max_connections=8)
     from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 
     return RedisStreamCheckpointStore(spec[1], prefix=spec[2])

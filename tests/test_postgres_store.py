@@ -143,7 +143,8 @@ def test_first_use_creates_the_tables_and_records_the_layout_version(
             )
         }
     assert version == [(postgres.SCHEMA_VERSION,)]
-    assert tables == {table, *(table + s for s in ("_segments", "_epochs", "_floor", "_schema"))}
+    suffixes = ("_segments", "_epochs", "_floor", "_schema", "_runlogs", "_events")
+    assert tables == {table, *(table + s for s in suffixes)}
 
 
 def test_tables_of_a_newer_layout_are_refused_naming_the_upgrade(
@@ -159,6 +160,32 @@ def test_tables_of_a_newer_layout_are_refused_naming_the_upgrade(
         ),
     ):
         newer.get("run-1")
+
+
+def test_tables_of_layout_1_are_upgraded_in_place_keeping_their_checkpoints(
+    postgres_server: PostgresServer, store: object, table: str
+) -> None:
+    from awaken_langchain import UnknownRunError, follow
+
+    stored = checkpoint(text="Kept across the upgrade")
+    store.put(stored)  # type: ignore[attr-defined]
+    with raw(postgres_server) as conn:  # the tables as release 1 left them: no event logs
+        conn.execute(f"DROP TABLE {table}_runlogs, {table}_events")
+        conn.execute(f"UPDATE {table}_schema SET version = 1")
+    with (
+        Store(postgres_server.dsn, table=table, read_only=True) as reader,
+        pytest.raises(StreamCheckpointError, match="layout version 1; open the store once"),
+    ):
+        reader.get("run-1")
+    with Store(postgres_server.dsn, table=table) as upgraded:
+        assert upgraded.get("run-1").partial_text == "Kept across the upgrade"
+        with pytest.raises(UnknownRunError):  # the readers' tables are there, still empty
+            follow(upgraded, "run-1")
+    with raw(postgres_server) as conn:
+        version = conn.execute(f"SELECT version FROM {table}_schema").fetchall()
+        logs = conn.execute(f"SELECT count(*) FROM {table}_runlogs").fetchall()
+    assert version == [(2,)]
+    assert logs == [(0,)]
 
 
 def test_read_only_store_creates_nothing(postgres_server: PostgresServer, table: str) -> None:

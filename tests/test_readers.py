@@ -2,7 +2,7 @@
 
 The producer is `RecoveringChatModel` around the real ``ChatOpenAI`` talking to
 the loopback provider; the stores are real (in-process, file, DiskCache, a
-real ``redis-server``).
+real ``redis-server``, a real PostgreSQL).
 """
 
 from __future__ import annotations
@@ -48,12 +48,13 @@ from awaken_langchain.testing import (
 from tests import readers_child
 from tests.conftest import loopback_client
 from tests.fork_server import fork_server
+from tests.postgres_server import shared_postgres_server, table_for
 from tests.redis_server import RedisServer, unique_prefix
 
 ANSWER = " ".join(
     f"Sentence {n} of the story tells how the fox crossed river number {n}." for n in range(12)
 )
-STORES = ["memory", "file", "diskcache", "redis"]
+STORES = ["memory", "file", "diskcache", "redis", "postgres"]
 
 
 @pytest.fixture
@@ -69,6 +70,8 @@ def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
     if kind == "redis":
         redis_server: RedisServer = request.getfixturevalue("redis_server")
         return ["redis", redis_server.url, unique_prefix()]
+    if kind == "postgres":
+        return ["postgres", shared_postgres_server().dsn, table_for(tmp_path / "store")]
     return [kind, str(tmp_path / "store")]
 
 
@@ -80,6 +83,10 @@ def open_store(spec: list[str], *, reader: bool = False) -> StreamCheckpointStor
         return FileStreamCheckpointStore(spec[1], read_only=reader)
     if kind == "diskcache":
         return DiskCacheStreamCheckpointStore(spec[1])
+    if kind == "postgres":
+        from awaken_langchain.stores.postgres import PostgresStreamCheckpointStore
+
+        return PostgresStreamCheckpointStore(spec[1], table=spec[2], max_connections=8)
     from awaken_langchain.stores.redis import RedisStreamCheckpointStore
 
     return RedisStreamCheckpointStore(spec[1], prefix=spec[2])
@@ -107,7 +114,8 @@ def merged(chunks: list[AIMessageChunk]) -> AIMessageChunk:
 
 
 def wait_for_run(store: StreamCheckpointStore, run_id: str, after: int = 0) -> Iterator[RunEvent]:
-    deadline = time.monotonic() + 10
+    # a producer in a new interpreter: its imports alone took 7-9 s on a loaded machine
+    deadline = time.monotonic() + 30
     while True:
         try:
             return follow(store, run_id, after=after)
@@ -358,7 +366,7 @@ def child(*args: str) -> Child:
 def shared_spec(store_spec: list[str]) -> list[str]:
     if store_spec[0] == "memory":
         pytest.skip("an in-process store is not shared between processes")
-    if store_spec[0] != "redis":  # the producer creates the store; readers open it
+    if store_spec[0] not in ("redis", "postgres"):  # the producer creates the store
         open_store(store_spec).close()
     return store_spec
 
@@ -445,6 +453,44 @@ def test_finished_runs_logs_end(
     with pytest.raises(UnknownRunError):
         follow(store, first)
     assert list(follow(store, second))[-1].type == "completed"
+
+
+def test_followers_in_one_process_share_one_listening_postgres_connection(
+    server: LoopbackProvider, tmp_path: Path
+) -> None:
+    import psycopg
+
+    dsn = shared_postgres_server().dsn
+    listening = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND query LIKE 'LISTEN %%' AND backend_start >= %s"
+    )
+    server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.01))  # about 2 s
+    run_id = str(uuid.uuid4())
+    with (
+        psycopg.connect(dsn, autocommit=True) as admin,
+        open_store(["postgres", dsn, table_for(tmp_path / "store")]) as store,
+    ):
+        began = admin.execute("SELECT clock_timestamp()").fetchone()[0]  # type: ignore[index]
+        for _ in range(20):  # a follower retrying until the run starts
+            with pytest.raises(UnknownRunError):
+                follow(store, run_id)
+        after_retries = {row[0] for row in admin.execute(listening, (began,))}
+        readers = [Reader(store, run_id) for _ in range(10)]
+        for reader in readers:
+            reader.start()
+        during: set[int] = set()
+        chunks: list[AIMessageChunk] = []
+        for chunk in wrapped(server, store).stream("Hi", config={"run_id": run_id}):
+            chunks.append(chunk)
+            if len(chunks) == 120:  # about 1.2 s in: every reader follows
+                assert all(reader.events for reader in readers)
+                during = {row[0] for row in admin.execute(listening, (began,))}
+        for reader in readers:
+            reader.join(10)
+    assert len(after_retries) == 1  # kept while the follower retries, not one per try
+    assert during == after_retries  # ten followers, the same one connection
+    assert [reader.text for reader in readers] == [merged(chunks).text] * 10
 
 
 def test_a_frozen_store_does_not_delay_the_final_event_of_another_stores_runs(

@@ -70,8 +70,10 @@ from awaken_langchain.stores._base import (
 
 __all__ = ["SCHEMA_VERSION", "PostgresStreamCheckpointStore"]
 
-SCHEMA_VERSION = 1
-"""The table layout this release writes; older layouts are upgraded in place."""
+SCHEMA_VERSION = 2
+"""The table layout this release writes; older layouts are upgraded in place.
+
+Version 2 adds the readers' event logs (``<table>_events``, ``<table>_runlogs``)."""
 
 _TABLE_NAME = re.compile(r"[a-z_][a-z0-9_]{0,40}")
 
@@ -100,6 +102,17 @@ def _migrations(names: dict[str, sql.Identifier]) -> list[list[sql.Composed]]:
                 "floor bigint NOT NULL)"
             ).format(**names),
             sql.SQL("INSERT INTO {floor} VALUES (1, 0)").format(**names),
+        ],
+        [
+            sql.SQL(
+                "CREATE TABLE {runlogs} (run_id bytea PRIMARY KEY, length bigint NOT NULL, "
+                "stop boolean NOT NULL, watched_at double precision NOT NULL, "
+                "ended_at double precision)"
+            ).format(**names),
+            sql.SQL(
+                "CREATE TABLE {events} (run_id bytea NOT NULL, seq bigint NOT NULL, "
+                "event bytea NOT NULL, PRIMARY KEY (run_id, seq))"
+            ).format(**names),
         ],
     ]
 
@@ -221,6 +234,8 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
             "epochs": identifier("_epochs"),
             "floor": identifier("_floor"),
             "version": identifier("_schema"),
+            "runlogs": identifier("_runlogs"),
+            "events": identifier("_events"),
         }
         self._sql = {key: sql.SQL(text).format(**self._names) for key, text in _STATEMENTS.items()}
 
@@ -489,7 +504,13 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
         await self.aclose()
 
     def close(self) -> None:
-        """Close the connection pool the store created (a borrowed pool stays open)."""
+        """Close the connection pool the store created (a borrowed pool stays open).
+
+        The connection its followers in this process share closes too.
+        """
+        from awaken_langchain._runlog import close_run_log
+
+        close_run_log(self)
         if self._owns_pool and self._opened:
             with self._backend_errors("close", None):
                 self._pool.close()
