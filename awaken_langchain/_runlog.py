@@ -158,9 +158,70 @@ class Tail:
         """Return when new events may be there, or after ``timeout`` seconds."""
         time.sleep(timeout)
 
+    async def wait_async(self, seconds: float) -> None:
+        """`wait` for a coroutine: it holds no thread while it waits."""
+        await asyncio.sleep(seconds)
+
     def close(self) -> None:
-        """Release what the tail holds."""
+        """Release what the tail holds (from any thread: a waiter returns at once)."""
         return None
+
+
+class _Wakeup:
+    """A flag set from any thread, waited on by one thread or one coroutine.
+
+    A set that comes while nobody waits is kept: the next wait returns at once
+    (a follower reads the log again, and may find nothing new). Once closed,
+    every wait returns at once.
+    """
+
+    __slots__ = ("_closed", "_cond", "_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._flag = False
+        self._closed = False
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    def close(self) -> None:
+        self._closed = True
+        self.set()
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, future = waiter
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, future)
+
+    def wait(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._flag or self._closed, timeout)
+            self._flag = False
+
+    async def wait_async(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if self._flag or self._closed:
+                self._flag = False
+                return
+            self._waiter = (loop, future)
+        try:
+            await asyncio.wait((future,), timeout=seconds)
+        finally:
+            with self._cond:
+                self._flag = False
+                if self._waiter is not None and self._waiter[1] is future:
+                    self._waiter = None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _PollingTail(Tail):
@@ -168,55 +229,69 @@ class _PollingTail(Tail):
         self._log = log
         self._run_id = run_id
         self._renewed = 0.0
+        self._closed = _Wakeup()
+
+    def _renew_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY and getattr(self._log, "watch", None) is not None:
+            self._renewed = now
+            return True
+        return False
 
     def wait(self, timeout: float) -> None:
-        now = time.monotonic()
-        if now - self._renewed >= RENEW_EVERY:
-            self._renewed = now
-            watch = getattr(self._log, "watch", None)
-            if watch is not None:
-                watch(self._run_id)
-        time.sleep(min(timeout, self._log.poll_interval or timeout))
+        if self._renew_due():
+            self._log.watch(self._run_id)  # type: ignore[attr-defined]
+        self._closed.wait(min(timeout, self._log.poll_interval or timeout))
+
+    async def wait_async(self, seconds: float) -> None:
+        if self._renew_due():  # a file's mtime: a short hop to a thread
+            await asyncio.to_thread(self._log.watch, self._run_id)  # type: ignore[attr-defined]
+        await self._closed.wait_async(min(seconds, self._log.poll_interval or seconds))
+
+    def close(self) -> None:
+        self._closed.close()
 
 
 # -- in-process ---------------------------------------------------------------------
 
 
 class MemoryRunLog(RunLog):
-    """Logs of an in-process store: followers in the same process wait on a condition."""
+    """Logs of an in-process store: an append wakes its run's followers (same process)."""
 
     quick = True
 
     def __init__(self, clock: Any = time.time) -> None:
         self.clock = clock
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._logs: dict[str, list[bytes]] = {}
         self._stops: set[str] = set()
-        self._watchers: dict[str, int] = {}
+        self._tails: dict[str, set[_Wakeup]] = {}
+        """Per run, the wake-ups of its followers in this process."""
         self._ended: dict[str, float] = {}
         """Finished runs, with when they finished (monotonic), oldest first."""
 
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
-        with self._changed:
+        with self._lock:
             log = self._logs.setdefault(run_id, [])
             log.extend(events)
-            self._changed.notify_all()
+            for tail in self._tails.get(run_id, ()):
+                tail.set()
             return len(log)
 
     def read(self, run_id: str, after: int) -> list[bytes] | None:
-        with self._changed:
+        with self._lock:
             log = self._logs.get(run_id)
             return None if log is None else log[after:]
 
     def request_stop(self, run_id: str) -> None:
-        with self._changed:
+        with self._lock:
             self._stops.add(run_id)
 
     def stop_requested(self, run_id: str) -> bool:
         return run_id in self._stops
 
     def followed(self, run_id: str) -> bool:
-        return self._watchers.get(run_id, 0) > 0
+        return bool(self._tails.get(run_id))
 
     def tail(self, run_id: str) -> Tail:
         return _MemoryTail(self, run_id)
@@ -224,18 +299,18 @@ class MemoryRunLog(RunLog):
     def collect(self, keep_for: float) -> None:
         """Remove the logs of runs that finished more than ``keep_for`` ago."""
         now = float(self.clock())
-        with self._changed:
+        with self._lock:
             for run in [run for run, at in self._ended.items() if now - at > keep_for]:
                 del self._ended[run]
                 self._logs.pop(run, None)
 
     def left(self, run_id: str) -> None:
-        with self._changed:
+        with self._lock:
             self._ended.setdefault(run_id, float(self.clock()))
 
     def finished(self, run_id: str) -> None:
         now = float(self.clock())
-        with self._changed:
+        with self._lock:
             self._ended.pop(run_id, None)  # ends after the newest
             self._stops.discard(run_id)
             self._ended[run_id] = now
@@ -249,26 +324,25 @@ class _MemoryTail(Tail):
     def __init__(self, log: MemoryRunLog, run_id: str) -> None:
         self._log = log
         self._run_id = run_id
-        with log._changed:
-            self._seen = len(log._logs.get(run_id, ()))
-            log._watchers[run_id] = log._watchers.get(run_id, 0) + 1
+        self._wakeup = _Wakeup()
+        with log._lock:
+            log._tails.setdefault(run_id, set()).add(self._wakeup)
 
     def wait(self, timeout: float) -> None:
-        log = self._log
-        with log._changed:
-            log._changed.wait_for(
-                lambda: len(log._logs.get(self._run_id, ())) > self._seen, timeout
-            )
-            self._seen = len(log._logs.get(self._run_id, ()))
+        self._wakeup.wait(timeout)
+
+    async def wait_async(self, seconds: float) -> None:
+        await self._wakeup.wait_async(seconds)
 
     def close(self) -> None:
         log = self._log
-        with log._changed:
-            left = log._watchers.get(self._run_id, 1) - 1
-            if left > 0:
-                log._watchers[self._run_id] = left
-            else:
-                log._watchers.pop(self._run_id, None)
+        with log._lock:
+            tails = log._tails.get(self._run_id)
+            if tails is not None:
+                tails.discard(self._wakeup)
+                if not tails:
+                    del log._tails[self._run_id]
+        self._wakeup.close()
 
 
 # -- a directory (file and DiskCache stores) ----------------------------------------
@@ -415,6 +489,7 @@ class RedisRunLog(RunLog):
 
     def __init__(self, store: Any) -> None:
         self._store = store
+        self._channels: _Channels | None = None
         self._script: Any = None
         self._own: Any = None
         """The publisher's client: its own connection, closed when the store's runs end."""
@@ -481,7 +556,11 @@ class RedisRunLog(RunLog):
         return bool(counts and counts[0][1])
 
     def tail(self, run_id: str) -> Tail:
-        return _RedisTail(self._redis, self._key(run_id, b"events"))
+        if self._channels is None:
+            with _LOGS_LOCK:
+                if self._channels is None:
+                    self._channels = _Channels(self._redis)
+        return _RedisTail(self._channels, self._key(run_id, b"events"))
 
     def finished(self, run_id: str) -> None:
         pipe = self._publishing.pipeline(transaction=False)
@@ -491,42 +570,124 @@ class RedisRunLog(RunLog):
 
 
 class _RedisTail(Tail):
-    """A follower's subscription to its run's channel.
+    """A follower of a Redis run: woken by its process's `_Channels` (one connection)."""
 
-    ``close`` may come from another thread while one waits (the HTTP route
-    closes a follower whose client went away while a worker thread waits on
-    it): closing the subscription then would hand its connection back to the
-    pool while the waiting thread still reads it, and the next follower to
-    take that connection would lose its replies to the waiting thread. So the
-    thread that holds the subscription closes it: ``close`` does if nobody
-    waits, otherwise the waiting thread does when its wait ends.
-    """
-
-    def __init__(self, client: Any, channel: bytes) -> None:
-        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self._using = threading.Lock()
-        self._closed = False
-        self._pubsub.subscribe(channel)
-        self._pubsub.get_message(timeout=1.0)  # the subscription is confirmed: no append is missed
+    def __init__(self, channels: _Channels, channel: bytes) -> None:
+        self._channels = channels
+        self._channel = channel
+        self._wakeup = _Wakeup()
+        channels.add(channel, self._wakeup)
 
     def wait(self, timeout: float) -> None:
-        with self._using:
-            if not self._closed:
-                message = self._pubsub.get_message(timeout=timeout)
-                while message is not None:  # several appends wake the follower once
-                    message = self._pubsub.get_message(timeout=0)
-        self._close_if_asked()
+        self._wakeup.wait(timeout)
+
+    async def wait_async(self, seconds: float) -> None:
+        await self._wakeup.wait_async(seconds)
 
     def close(self) -> None:
-        self._closed = True
-        self._close_if_asked()
+        if not self._wakeup._closed:
+            self._wakeup.close()  # a waiter returns at once
+            self._channels.remove(self._channel, self._wakeup)
 
-    def _close_if_asked(self) -> None:
-        if self._closed and self._using.acquire(blocking=False):  # else a waiter closes it
+
+class _Channels:
+    """A process's subscriptions to its followed runs' channels, on one connection.
+
+    One thread reads the connection and wakes the followers of the run whose
+    channel got an append. A follower per connection and thread (the obvious
+    way) costs a Redis connection and a thread blocked on it per follower; a
+    process with many followers then spends its time switching between them.
+    The thread starts with the first follower and, `IDLE_EXIT` seconds after
+    the last one left, exits and releases the connection.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Condition()
+        self._waiting: dict[bytes, set[_Wakeup]] = {}
+        self._sent: dict[bytes, int] = {}
+        """Per channel, the SUBSCRIBE commands sent and not yet confirmed."""
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, channel: bytes, wakeup: _Wakeup) -> None:
+        """Subscribe ``wakeup`` to ``channel``; return once Redis confirmed the subscription."""
+        with self._lock:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            waiting = self._waiting.setdefault(channel, set())
+            waiting.add(wakeup)
+            first = len(waiting) == 1
+            if first:
+                self._sent[channel] = self._sent.get(channel, 0) + 1
+                self._pubsub.subscribe(channel)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-followers", daemon=True
+                )
+                self._thread.start()
+            # no append is missed once the subscription is confirmed
+            self._lock.wait_for(lambda: not self._sent.get(channel), 1.0)
+
+    def remove(self, channel: bytes, wakeup: _Wakeup) -> None:
+        with self._lock:
+            waiting = self._waiting.get(channel)
+            if waiting is None or wakeup not in waiting:
+                return
+            waiting.discard(wakeup)
+            if not waiting:
+                del self._waiting[channel]
+                with contextlib.suppress(Exception):  # a lost connection drops it anyway
+                    self._pubsub.unsubscribe(channel)
+
+    def _loop(self) -> None:
+        idle_since: float | None = None
+        while True:
+            with self._lock:
+                pubsub = self._pubsub
+                if self._waiting:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= IDLE_EXIT:
+                    self._thread = None
+                    self._pubsub = None
+                    self._sent.clear()
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                    return
             try:
-                self._pubsub.close()
-            finally:
-                self._using.release()
+                message = pubsub.get_message(timeout=1.0)
+            except Exception as exc:  # the client reconnects and subscribes again
+                logger.debug("reading the runs' channels failed: %s", exc)
+                self._wake_all()
+                time.sleep(0.05)
+                continue
+            if message is not None:
+                self._handle(message)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        channel = message["channel"]
+        with self._lock:
+            if kind == "message":
+                for wakeup in self._waiting.get(channel, ()):
+                    wakeup.set()
+            elif kind == "subscribe":
+                left = self._sent.get(channel, 0) - 1
+                if left > 0:
+                    self._sent[channel] = left
+                else:
+                    self._sent.pop(channel, None)
+                self._lock.notify_all()
+                for wakeup in self._waiting.get(channel, ()):  # resubscribed: read again
+                    wakeup.set()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            for waiting in self._waiting.values():
+                for wakeup in waiting:
+                    wakeup.set()
 
 
 # -- which log a store has ------------------------------------------------------------
