@@ -82,6 +82,8 @@ END_DEADLINE = 0.5
 KEEP_FOR = 3600.0
 """Seconds a finished run's log stays readable (Redis, in-process); local log files
 untouched this long are removed."""
+PUBLISHED_KEPT = 1024
+"""Latest published events of a followed Redis run that its process keeps for its followers."""
 IDLE_EXIT = 5.0
 """Seconds a store's idle publisher thread waits for a new run before it exits."""
 SWEEP_EVERY = 60.0
@@ -479,9 +481,10 @@ class DirectoryRunLog(RunLog):
 
 _APPEND = """
 local length = redis.call('RPUSH', KEYS[1], unpack(ARGV))
-redis.call('PUBLISH', KEYS[1], length)
+redis.call('PUBLISH', KEYS[1], length .. '\\n' .. table.concat(ARGV, '\\n'))
 return length
 """
+"""Append a run's events and publish them, after the log's new length, one per line."""
 
 
 class RedisRunLog(RunLog):
@@ -538,6 +541,10 @@ class RedisRunLog(RunLog):
         ]
 
     def read(self, run_id: str, after: int) -> list[bytes] | None:
+        if self._channels is not None:  # followers in this process got them published
+            known = self._channels.published(self._key(run_id, b"events"), after)
+            if known is not None:
+                return known
         found = self._redis.lrange(self._key(run_id, b"events"), after, -1)
         if not found and after == 0:
             return None
@@ -594,11 +601,15 @@ class _Channels:
     """A process's subscriptions to its followed runs' channels, on one connection.
 
     One thread reads the connection and wakes the followers of the run whose
-    channel got an append. A follower per connection and thread (the obvious
-    way) costs a Redis connection and a thread blocked on it per follower; a
-    process with many followers then spends its time switching between them.
-    The thread starts with the first follower and, `IDLE_EXIT` seconds after
-    the last one left, exits and releases the connection.
+    channel got an append. An append publishes its events too: the thread
+    keeps a run's latest `PUBLISHED_KEPT` events while the run has followers
+    here, and they read new events from it instead of each asking Redis
+    (one round trip per follower per append otherwise). A follower per
+    connection and thread (the obvious way) costs a Redis connection and a
+    thread blocked on it per follower; a process with many followers then
+    spends its time switching between them. The thread starts with the first
+    follower and, `IDLE_EXIT` seconds after the last one left, exits and
+    releases the connection.
     """
 
     def __init__(self, client: Any) -> None:
@@ -607,6 +618,8 @@ class _Channels:
         self._waiting: dict[bytes, set[_Wakeup]] = {}
         self._sent: dict[bytes, int] = {}
         """Per channel, the SUBSCRIBE commands sent and not yet confirmed."""
+        self._published: dict[bytes, tuple[int, list[bytes]]] = {}
+        """Per channel, the latest events published since the subscription: (their end, them)."""
         self._pubsub: Any = None
         self._thread: threading.Thread | None = None
 
@@ -637,6 +650,7 @@ class _Channels:
             waiting.discard(wakeup)
             if not waiting:
                 del self._waiting[channel]
+                self._published.pop(channel, None)
                 with contextlib.suppress(Exception):  # a lost connection drops it anyway
                     self._pubsub.unsubscribe(channel)
 
@@ -653,6 +667,7 @@ class _Channels:
                     self._thread = None
                     self._pubsub = None
                     self._sent.clear()
+                    self._published.clear()
                     with contextlib.suppress(Exception):
                         pubsub.close()
                     return
@@ -666,14 +681,40 @@ class _Channels:
             if message is not None:
                 self._handle(message)
 
+    def published(self, channel: bytes, after: int) -> list[bytes] | None:
+        """The events past offset ``after`` as published, or ``None`` if not all are kept."""
+        with self._lock:
+            kept = self._published.get(channel)
+            if kept is None:
+                return None
+            end, events = kept
+            start = end - len(events)
+            return events[after - start :] if start <= after <= end else None
+
+    def _keep(self, channel: bytes, data: bytes) -> None:
+        head, newline, body = data.partition(b"\n")
+        kept = self._published.get(channel)
+        if not newline or not head.isdigit() or channel not in self._waiting:
+            self._published.pop(channel, None)  # a wake-up only (an older producer)
+            return
+        end = int(head)
+        events = body.split(b"\n")
+        if kept is not None and kept[0] == end - len(events):  # the next ones: kept on
+            kept[1].extend(events)
+            events = kept[1]
+            del events[: max(0, len(events) - PUBLISHED_KEPT)]
+        self._published[channel] = (end, events)
+
     def _handle(self, message: dict[str, Any]) -> None:
         kind = message["type"]
         channel = message["channel"]
         with self._lock:
             if kind == "message":
+                self._keep(channel, message["data"])
                 for wakeup in self._waiting.get(channel, ()):
                     wakeup.set()
             elif kind == "subscribe":
+                self._published.pop(channel, None)  # what came while unsubscribed is unknown
                 left = self._sent.get(channel, 0) - 1
                 if left > 0:
                     self._sent[channel] = left
@@ -685,6 +726,7 @@ class _Channels:
 
     def _wake_all(self) -> None:
         with self._lock:
+            self._published.clear()
             for waiting in self._waiting.values():
                 for wakeup in waiting:
                     wakeup.set()
