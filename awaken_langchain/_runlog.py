@@ -75,15 +75,15 @@ WATCH_FOR = 2.0
 """Seconds a follower's mark lasts (local stores); followers renew it every `RENEW_EVERY`."""
 RENEW_EVERY = 0.5
 """Seconds between a local follower's renewals of its mark."""
-DEFAULT_POLL_INTERVAL = 0.02
-"""Seconds between a local follower's reads of the log (file and DiskCache stores)."""
+DEFAULT_POLL_INTERVAL = 0.01
+"""Seconds between a process's reads of a followed local run's log (file and DiskCache stores)."""
 END_DEADLINE = 0.5
 """Seconds a turn waits, at most, for its final event to be written."""
 KEEP_FOR = 3600.0
 """Seconds a finished run's log stays readable (Redis, in-process); local log files
 untouched this long are removed."""
 PUBLISHED_KEPT = 1024
-"""Latest published events of a followed Redis run that its process keeps for its followers."""
+"""Latest events of a followed run that its process keeps for its followers (Redis, local)."""
 IDLE_EXIT = 5.0
 """Seconds a store's idle publisher thread waits for a new run before it exits."""
 SWEEP_EVERY = 60.0
@@ -355,7 +355,7 @@ class DirectoryRunLog(RunLog):
 
     Args:
         directory: The store's directory.
-        poll_interval: Seconds between a follower's reads of the file.
+        poll_interval: Seconds between the process's reads of a followed run's file.
     """
 
     def __init__(
@@ -372,6 +372,7 @@ class DirectoryRunLog(RunLog):
         """Per run: the last (offset, byte position) read, so a follower reads only what is new."""
         self._lock = threading.Lock()
         self._swept = 0.0
+        self._watcher: _FileWatcher | None = None
 
     def _path(self, run_id: str, suffix: str) -> Path:
         stem = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
@@ -391,7 +392,17 @@ class DirectoryRunLog(RunLog):
             os.close(fd)
         return -1
 
+    def tail(self, run_id: str) -> Tail:
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = _FileWatcher(self)
+        return _WatchedTail(self._watcher, run_id)
+
     def read(self, run_id: str, after: int) -> list[bytes] | None:
+        if self._watcher is not None:  # followers in this process: read once for them all
+            known = self._watcher.kept(run_id, after)
+            if known is not None:
+                return known
         try:
             fd = open_no_follow(self._path(run_id, ".log"), os.O_RDONLY)
         except FileNotFoundError:
@@ -475,6 +486,139 @@ class DirectoryRunLog(RunLog):
         if time.time() - self._swept >= SWEEP_EVERY:
             self._swept = time.time()
             self.collect(KEEP_FOR)
+
+
+class _WatchedTail(Tail):
+    """A follower of a local run: woken by its process's `_FileWatcher`."""
+
+    def __init__(self, watcher: _FileWatcher, run_id: str) -> None:
+        self._watcher = watcher
+        self._run_id = run_id
+        self._wakeup = _Wakeup()
+        watcher.add(run_id, self._wakeup)
+
+    def wait(self, timeout: float) -> None:
+        self._wakeup.wait(timeout)
+
+    async def wait_async(self, seconds: float) -> None:
+        await self._wakeup.wait_async(seconds)
+
+    def close(self) -> None:
+        if not self._wakeup._closed:
+            self._wakeup.close()  # a waiter returns at once
+            self._watcher.remove(self._run_id, self._wakeup)
+
+
+class _FileWatcher:
+    """The thread that reads a process's followed local runs, for all their followers.
+
+    Every ``poll_interval`` it reads what is new in each followed run's file,
+    keeps the run's latest `PUBLISHED_KEPT` events, and wakes the run's
+    followers if there were any; followers read them from here. It renews the
+    runs' follow marks every `RENEW_EVERY`. One reader per run and process,
+    instead of one per follower: a hundred followers polling every 20 ms were
+    5000 file reads a second, and each a wake-up of a thread. The thread runs
+    while the process has followers.
+    """
+
+    def __init__(self, log: DirectoryRunLog) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[_Wakeup]] = {}
+        self._kept: dict[str, tuple[int, int, list[bytes]]] = {}
+        """Per followed run: (offset of the last line read, byte position after it, its lines)."""
+        self._renewed: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, run_id: str, wakeup: _Wakeup) -> None:
+        with self._lock:
+            self._waiting.setdefault(run_id, set()).add(wakeup)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-followers", daemon=True
+                )
+                self._thread.start()
+        self._renew(run_id)  # followed from now on: the producer publishes live
+
+    def remove(self, run_id: str, wakeup: _Wakeup) -> None:
+        with self._lock:
+            waiting = self._waiting.get(run_id)
+            if waiting is None:
+                return
+            waiting.discard(wakeup)
+            if not waiting:
+                del self._waiting[run_id]
+                self._kept.pop(run_id, None)
+                self._renewed.pop(run_id, None)
+
+    def kept(self, run_id: str, after: int) -> list[bytes] | None:
+        """The lines past offset ``after``, or ``None`` if not all are kept."""
+        with self._lock:
+            found = self._kept.get(run_id)
+            if found is None:
+                return None
+            end, _, lines = found
+            start = end - len(lines)
+            return lines[after - start :] if start <= after <= end else None
+
+    def _renew(self, run_id: str) -> None:
+        now = time.monotonic()
+        if now - self._renewed.get(run_id, 0.0) >= RENEW_EVERY:
+            self._renewed[run_id] = now
+            try:
+                self._log.watch(run_id)
+            except Exception as exc:  # the store's directory went away: followers see it
+                logger.debug("could not mark run %r as followed: %s", run_id, exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                runs = list(self._waiting)
+                if not runs:
+                    self._thread = None
+                    return
+            for run_id in runs:
+                self._renew(run_id)
+                try:
+                    grew = self._read(run_id)
+                except Exception as exc:  # followers read the file themselves meanwhile
+                    logger.debug("could not read the event log of %r: %s", run_id, exc)
+                    grew = True
+                if grew:
+                    with self._lock:
+                        for wakeup in self._waiting.get(run_id, ()):
+                            wakeup.set()
+            time.sleep(self._log.poll_interval or DEFAULT_POLL_INTERVAL)
+
+    def _read(self, run_id: str) -> bool:
+        """Read what is new in the run's file; whether there was anything."""
+        with self._lock:
+            found = self._kept.get(run_id)
+        if found is None:  # start where this process last read the file
+            with self._log._lock:
+                end, position = self._log._cursors.get(run_id, (0, 0))
+            found = (end, position, [])
+        end, position, lines = found
+        try:
+            fd = open_no_follow(self._log._path(run_id, ".log"), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size == position:
+                return False
+            if size < position:  # a new file under the run's name: start again
+                end, position, lines = 0, 0, []
+            file.seek(position)
+            data = file.read()
+        cut = data.rfind(b"\n") + 1  # a line being written is read next time
+        new = data[:cut].split(b"\n")[:-1]
+        lines = lines + new
+        del lines[: max(0, len(lines) - PUBLISHED_KEPT)]
+        with self._lock:
+            if run_id in self._waiting:
+                self._kept[run_id] = (end + len(new), position + cut, lines)
+        return bool(new)
 
 
 # -- Redis ----------------------------------------------------------------------------

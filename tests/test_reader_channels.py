@@ -1,10 +1,16 @@
-"""Followers of a Redis run in one process share one subscription and read what was published.
+"""A process's followers of a run share one reader of the run's log.
 
-Against a private ``redis-server`` (its command counts are this test's alone).
+Redis: one subscription, and the events as published (against a private
+``redis-server``: its command counts are this test's alone). Local stores: one
+thread reads the run's file for them all (its opens counted by an audit hook).
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -13,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from awaken_langchain import follow
-from awaken_langchain._runlog import encode_event, run_log
+from awaken_langchain import FileStreamCheckpointStore, follow
+from awaken_langchain._runlog import DEFAULT_POLL_INTERVAL, encode_event, run_log
 from awaken_langchain.stores.redis import RedisStreamCheckpointStore
+from tests.conftest import REPO_ROOT
 from tests.redis_server import RedisServer, unique_prefix
 
 FOLLOWERS = 20
@@ -90,3 +97,78 @@ def test_a_bare_length_published_by_an_older_producer_still_wakes_followers(
         (3, "completed", ""),
     ]
     assert time.monotonic() - started < 0.5  # woken, not a wait step's timeout
+
+
+def follow_and_count_file_reads(directory: str) -> None:
+    """In a child process (the audit hook stays there): print opens of the run's file and polls.
+
+    20 followers of a file-store run read 20 appends; every open of the run's
+    file for reading meanwhile is counted.
+    """
+    opened: list[str] = []
+    counting = threading.Event()
+
+    def count(event: str, args: tuple[object, ...]) -> None:
+        if (
+            event == "open"
+            and counting.is_set()
+            and str(args[0]).endswith(".log")
+            and isinstance(args[2], int)
+            and not args[2] & (os.O_WRONLY | os.O_RDWR)
+        ):
+            opened.append(str(args[0]))
+
+    sys.addaudithook(count)
+    store = FileStreamCheckpointStore(directory)
+    log = run_log(store)
+    run_id = str(uuid.uuid4())
+    log.append(run_id, [encode_event("started", {"pid": 1})])
+    followers = [follow(store, run_id) for _ in range(FOLLOWERS)]
+    texts: list[str] = []
+    lock = threading.Lock()
+
+    def read(events: Iterator[object]) -> None:
+        text = "".join(event.text for event in events)  # type: ignore[attr-defined]
+        with lock:
+            texts.append(text)
+
+    threads = [threading.Thread(target=read, args=(events,)) for events in followers]
+    for thread in threads:
+        thread.start()
+    counting.set()
+    started = time.monotonic()
+    for n in range(APPENDS):
+        log.append(run_id, [encode_event("text", {"text": f"{n},"})])
+        time.sleep(0.01)
+    log.append(run_id, [encode_event("completed", {})])
+    for thread in threads:
+        thread.join(10)
+    counting.clear()
+    polls = (time.monotonic() - started) / DEFAULT_POLL_INTERVAL
+    expected = "".join(f"{n}," for n in range(APPENDS))
+    print(json.dumps({"complete": texts.count(expected), "opens": len(opened), "polls": polls}))
+
+
+def test_a_processs_followers_of_a_local_run_share_one_reader_of_its_file(
+    tmp_path: Path,
+) -> None:
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.test_reader_channels import follow_and_count_file_reads; "
+            "follow_and_count_file_reads(sys.argv[1])",
+            str(tmp_path),
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    found = json.loads(child.stdout.strip().splitlines()[-1])
+
+    assert found["complete"] == FOLLOWERS
+    # one read of the file per poll for all followers, not one per follower
+    assert found["opens"] < found["polls"] + FOLLOWERS
