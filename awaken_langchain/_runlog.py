@@ -24,15 +24,19 @@ store's last run ends the publisher releases its connection (Redis).
 Events are JSON objects ``{"type": ..., "data": {...}}``; a run's n-th event has
 offset ``n`` (1-based). The log backends:
 
-- in-process store: a list per run and a condition readers wait on;
+- in-process store: a list per run; an append wakes the run's followers;
 - file and DiskCache stores: an ``events`` directory inside the store's
   directory, one JSON-lines file per run (appended with ``O_APPEND``), a
   ``.stop`` file for a stop request and a ``.watch`` file whose modification
-  time a follower refreshes; followers poll the file every ``poll_interval``;
+  time a process with followers refreshes; one thread per process reads a
+  followed run's file every ``poll_interval`` for all its followers there;
 - Redis: a list ``<prefix>:{<run_id>}:events``, a channel of the same name on
-  which each append publishes the new length (followers block on it, no
-  polling), a ``...:stop`` key; a run is followed while its channel has
-  subscribers.
+  which each append publishes the new length and the new events, one per
+  line (one subscription per process wakes its followers, no polling), a
+  ``...:stop`` key; a run is followed while its channel has subscribers.
+
+A follower waits on its own wake-up, which a thread or a coroutine can wait
+on: the async follower (and the HTTP route) hold no thread while they wait.
 """
 
 from __future__ import annotations

@@ -187,9 +187,10 @@ def follow(store: StreamCheckpointStore, run_id: str, *, after: int = 0) -> Iter
     saw gets every later event once.
 
     Live events reach a follower of a Redis store as the producer appends them
-    (pub/sub, no polling); a follower of a local store (file, DiskCache) reads
-    the log every 20 ms (``DEFAULT_POLL_INTERVAL`` in ``_runlog``); an
-    in-process store wakes its followers. A producer appends a followed run's
+    (pub/sub, no polling; one subscription per process for all its
+    followers); a process's followers of a local store (file, DiskCache) share
+    one thread that reads the log every 10 ms (``DEFAULT_POLL_INTERVAL`` in
+    ``_runlog``); an in-process store wakes its followers. A producer appends a followed run's
     events every 5 ms, a run nobody follows every 250 ms.
 
     Args:
