@@ -24,19 +24,23 @@ store's last run ends the publisher releases its connection (Redis).
 Events are JSON objects ``{"type": ..., "data": {...}}``; a run's n-th event has
 offset ``n`` (1-based). The log backends:
 
-- in-process store: a list per run and a condition readers wait on;
+- in-process store: a list per run; an append wakes the run's followers;
 - file and DiskCache stores: an ``events`` directory inside the store's
   directory, one JSON-lines file per run (appended with ``O_APPEND``), a
   ``.stop`` file for a stop request and a ``.watch`` file whose modification
-  time a follower refreshes; followers poll the file every ``poll_interval``;
+  time a process with followers refreshes; one thread per process reads a
+  followed run's file every ``poll_interval`` for all its followers there;
 - Redis: a list ``<prefix>:{<run_id>}:events``, a channel of the same name on
-  which each append publishes the new length (followers block on it, no
-  polling), a ``...:stop`` key; a run is followed while its channel has
-  subscribers;
+  which each append publishes the new length and the new events, one per
+  line (one subscription per process wakes its followers, no polling), a
+  ``...:stop`` key; a run is followed while its channel has subscribers;
 - PostgreSQL: rows in ``<table>_events``, the run's length, stop request and
   follower's mark in ``<table>_runlogs``; each append sends a ``NOTIFY`` on the
   store's channel, which one connection per process ``LISTEN``s on for its
   followers.
+
+A follower waits on its own wake-up, which a thread or a coroutine can wait
+on: the async follower (and the HTTP route) hold no thread while they wait.
 """
 
 from __future__ import annotations
@@ -79,13 +83,15 @@ WATCH_FOR = 2.0
 """Seconds a follower's mark lasts (local stores); followers renew it every `RENEW_EVERY`."""
 RENEW_EVERY = 0.5
 """Seconds between a local follower's renewals of its mark."""
-DEFAULT_POLL_INTERVAL = 0.02
-"""Seconds between a local follower's reads of the log (file and DiskCache stores)."""
+DEFAULT_POLL_INTERVAL = 0.01
+"""Seconds between a process's reads of a followed local run's log (file and DiskCache stores)."""
 END_DEADLINE = 0.5
 """Seconds a turn waits, at most, for its final event to be written."""
 KEEP_FOR = 3600.0
 """Seconds a finished run's log stays readable (Redis, in-process); local log files
 untouched this long are removed."""
+PUBLISHED_KEPT = 1024
+"""Latest events of a followed run that its process keeps for its followers (Redis, local)."""
 IDLE_EXIT = 5.0
 """Seconds a store's idle publisher thread waits for a new run before it exits."""
 SWEEP_EVERY = 60.0
@@ -174,9 +180,70 @@ class Tail:
         """Return when new events may be there, or after ``timeout`` seconds."""
         time.sleep(timeout)
 
+    async def wait_async(self, seconds: float) -> None:
+        """`wait` for a coroutine: it holds no thread while it waits."""
+        await asyncio.sleep(seconds)
+
     def close(self) -> None:
-        """Release what the tail holds."""
+        """Release what the tail holds (from any thread: a waiter returns at once)."""
         return None
+
+
+class _Wakeup:
+    """A flag set from any thread, waited on by one thread or one coroutine.
+
+    A set that comes while nobody waits is kept: the next wait returns at once
+    (a follower reads the log again, and may find nothing new). Once closed,
+    every wait returns at once.
+    """
+
+    __slots__ = ("_closed", "_cond", "_flag", "_waiter")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._flag = False
+        self._closed = False
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    def close(self) -> None:
+        self._closed = True
+        self.set()
+
+    def set(self) -> None:
+        with self._cond:
+            self._flag = True
+            self._cond.notify_all()
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, future = waiter
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, future)
+
+    def wait(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._flag or self._closed, timeout)
+            self._flag = False
+
+    async def wait_async(self, seconds: float) -> None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        with self._cond:
+            if self._flag or self._closed:
+                self._flag = False
+                return
+            self._waiter = (loop, future)
+        try:
+            await asyncio.wait((future,), timeout=seconds)
+        finally:
+            with self._cond:
+                self._flag = False
+                if self._waiter is not None and self._waiter[1] is future:
+                    self._waiter = None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class _PollingTail(Tail):
@@ -184,55 +251,69 @@ class _PollingTail(Tail):
         self._log = log
         self._run_id = run_id
         self._renewed = 0.0
+        self._closed = _Wakeup()
+
+    def _renew_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._renewed >= RENEW_EVERY and getattr(self._log, "watch", None) is not None:
+            self._renewed = now
+            return True
+        return False
 
     def wait(self, timeout: float) -> None:
-        now = time.monotonic()
-        if now - self._renewed >= RENEW_EVERY:
-            self._renewed = now
-            watch = getattr(self._log, "watch", None)
-            if watch is not None:
-                watch(self._run_id)
-        time.sleep(min(timeout, self._log.poll_interval or timeout))
+        if self._renew_due():
+            self._log.watch(self._run_id)  # type: ignore[attr-defined]
+        self._closed.wait(min(timeout, self._log.poll_interval or timeout))
+
+    async def wait_async(self, seconds: float) -> None:
+        if self._renew_due():  # a file's mtime: a short hop to a thread
+            await asyncio.to_thread(self._log.watch, self._run_id)  # type: ignore[attr-defined]
+        await self._closed.wait_async(min(seconds, self._log.poll_interval or seconds))
+
+    def close(self) -> None:
+        self._closed.close()
 
 
 # -- in-process ---------------------------------------------------------------------
 
 
 class MemoryRunLog(RunLog):
-    """Logs of an in-process store: followers in the same process wait on a condition."""
+    """Logs of an in-process store: an append wakes its run's followers (same process)."""
 
     quick = True
 
     def __init__(self, clock: Any = time.time) -> None:
         self.clock = clock
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self._logs: dict[str, list[bytes]] = {}
         self._stops: set[str] = set()
-        self._watchers: dict[str, int] = {}
+        self._tails: dict[str, set[_Wakeup]] = {}
+        """Per run, the wake-ups of its followers in this process."""
         self._ended: dict[str, float] = {}
         """Finished runs, with when they finished (monotonic), oldest first."""
 
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
-        with self._changed:
+        with self._lock:
             log = self._logs.setdefault(run_id, [])
             log.extend(events)
-            self._changed.notify_all()
+            for tail in self._tails.get(run_id, ()):
+                tail.set()
             return len(log)
 
     def read(self, run_id: str, after: int) -> list[bytes] | None:
-        with self._changed:
+        with self._lock:
             log = self._logs.get(run_id)
             return None if log is None else log[after:]
 
     def request_stop(self, run_id: str) -> None:
-        with self._changed:
+        with self._lock:
             self._stops.add(run_id)
 
     def stop_requested(self, run_id: str) -> bool:
         return run_id in self._stops
 
     def followed(self, run_id: str) -> bool:
-        return self._watchers.get(run_id, 0) > 0
+        return bool(self._tails.get(run_id))
 
     def tail(self, run_id: str) -> Tail:
         return _MemoryTail(self, run_id)
@@ -240,18 +321,18 @@ class MemoryRunLog(RunLog):
     def collect(self, keep_for: float) -> None:
         """Remove the logs of runs that finished more than ``keep_for`` ago."""
         now = float(self.clock())
-        with self._changed:
+        with self._lock:
             for run in [run for run, at in self._ended.items() if now - at > keep_for]:
                 del self._ended[run]
                 self._logs.pop(run, None)
 
     def left(self, run_id: str) -> None:
-        with self._changed:
+        with self._lock:
             self._ended.setdefault(run_id, float(self.clock()))
 
     def finished(self, run_id: str) -> None:
         now = float(self.clock())
-        with self._changed:
+        with self._lock:
             self._ended.pop(run_id, None)  # ends after the newest
             self._stops.discard(run_id)
             self._ended[run_id] = now
@@ -265,26 +346,25 @@ class _MemoryTail(Tail):
     def __init__(self, log: MemoryRunLog, run_id: str) -> None:
         self._log = log
         self._run_id = run_id
-        with log._changed:
-            self._seen = len(log._logs.get(run_id, ()))
-            log._watchers[run_id] = log._watchers.get(run_id, 0) + 1
+        self._wakeup = _Wakeup()
+        with log._lock:
+            log._tails.setdefault(run_id, set()).add(self._wakeup)
 
     def wait(self, timeout: float) -> None:
-        log = self._log
-        with log._changed:
-            log._changed.wait_for(
-                lambda: len(log._logs.get(self._run_id, ())) > self._seen, timeout
-            )
-            self._seen = len(log._logs.get(self._run_id, ()))
+        self._wakeup.wait(timeout)
+
+    async def wait_async(self, seconds: float) -> None:
+        await self._wakeup.wait_async(seconds)
 
     def close(self) -> None:
         log = self._log
-        with log._changed:
-            left = log._watchers.get(self._run_id, 1) - 1
-            if left > 0:
-                log._watchers[self._run_id] = left
-            else:
-                log._watchers.pop(self._run_id, None)
+        with log._lock:
+            tails = log._tails.get(self._run_id)
+            if tails is not None:
+                tails.discard(self._wakeup)
+                if not tails:
+                    del log._tails[self._run_id]
+        self._wakeup.close()
 
 
 # -- a directory (file and DiskCache stores) ----------------------------------------
@@ -295,7 +375,7 @@ class DirectoryRunLog(RunLog):
 
     Args:
         directory: The store's directory.
-        poll_interval: Seconds between a follower's reads of the file.
+        poll_interval: Seconds between the process's reads of a followed run's file.
     """
 
     def __init__(
@@ -312,6 +392,7 @@ class DirectoryRunLog(RunLog):
         """Per run: the last (offset, byte position) read, so a follower reads only what is new."""
         self._lock = threading.Lock()
         self._swept = 0.0
+        self._watcher: _FileWatcher | None = None
 
     def _path(self, run_id: str, suffix: str) -> Path:
         stem = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
@@ -331,7 +412,17 @@ class DirectoryRunLog(RunLog):
             os.close(fd)
         return -1
 
+    def tail(self, run_id: str) -> Tail:
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = _FileWatcher(self)
+        return _WatchedTail(self._watcher, run_id)
+
     def read(self, run_id: str, after: int) -> list[bytes] | None:
+        if self._watcher is not None:  # followers in this process: read once for them all
+            known = self._watcher.kept(run_id, after)
+            if known is not None:
+                return known
         try:
             fd = open_no_follow(self._path(run_id, ".log"), os.O_RDONLY)
         except FileNotFoundError:
@@ -417,13 +508,147 @@ class DirectoryRunLog(RunLog):
             self.collect(KEEP_FOR)
 
 
+class _WatchedTail(Tail):
+    """A follower of a local run: woken by its process's `_FileWatcher`."""
+
+    def __init__(self, watcher: _FileWatcher, run_id: str) -> None:
+        self._watcher = watcher
+        self._run_id = run_id
+        self._wakeup = _Wakeup()
+        watcher.add(run_id, self._wakeup)
+
+    def wait(self, timeout: float) -> None:
+        self._wakeup.wait(timeout)
+
+    async def wait_async(self, seconds: float) -> None:
+        await self._wakeup.wait_async(seconds)
+
+    def close(self) -> None:
+        if not self._wakeup._closed:
+            self._wakeup.close()  # a waiter returns at once
+            self._watcher.remove(self._run_id, self._wakeup)
+
+
+class _FileWatcher:
+    """The thread that reads a process's followed local runs, for all their followers.
+
+    Every ``poll_interval`` it reads what is new in each followed run's file,
+    keeps the run's latest `PUBLISHED_KEPT` events, and wakes the run's
+    followers if there were any; followers read them from here. It renews the
+    runs' follow marks every `RENEW_EVERY`. One reader per run and process,
+    instead of one per follower: a hundred followers polling every 20 ms were
+    5000 file reads a second, and each a wake-up of a thread. The thread runs
+    while the process has followers.
+    """
+
+    def __init__(self, log: DirectoryRunLog) -> None:
+        self._log = log
+        self._lock = threading.Lock()
+        self._waiting: dict[str, set[_Wakeup]] = {}
+        self._kept: dict[str, tuple[int, int, list[bytes]]] = {}
+        """Per followed run: (offset of the last line read, byte position after it, its lines)."""
+        self._renewed: dict[str, float] = {}
+        self._thread: threading.Thread | None = None
+
+    def add(self, run_id: str, wakeup: _Wakeup) -> None:
+        with self._lock:
+            self._waiting.setdefault(run_id, set()).add(wakeup)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-followers", daemon=True
+                )
+                self._thread.start()
+        self._renew(run_id)  # followed from now on: the producer publishes live
+
+    def remove(self, run_id: str, wakeup: _Wakeup) -> None:
+        with self._lock:
+            waiting = self._waiting.get(run_id)
+            if waiting is None:
+                return
+            waiting.discard(wakeup)
+            if not waiting:
+                del self._waiting[run_id]
+                self._kept.pop(run_id, None)
+                self._renewed.pop(run_id, None)
+
+    def kept(self, run_id: str, after: int) -> list[bytes] | None:
+        """The lines past offset ``after``, or ``None`` if not all are kept."""
+        with self._lock:
+            found = self._kept.get(run_id)
+            if found is None:
+                return None
+            end, _, lines = found
+            start = end - len(lines)
+            return lines[after - start :] if start <= after <= end else None
+
+    def _renew(self, run_id: str) -> None:
+        now = time.monotonic()
+        if now - self._renewed.get(run_id, 0.0) >= RENEW_EVERY:
+            self._renewed[run_id] = now
+            try:
+                self._log.watch(run_id)
+            except Exception as exc:  # the store's directory went away: followers see it
+                logger.debug("could not mark run %r as followed: %s", run_id, exc)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                runs = list(self._waiting)
+                if not runs:
+                    self._thread = None
+                    return
+            for run_id in runs:
+                self._renew(run_id)
+                try:
+                    grew = self._read(run_id)
+                except Exception as exc:  # followers read the file themselves meanwhile
+                    logger.debug("could not read the event log of %r: %s", run_id, exc)
+                    grew = True
+                if grew:
+                    with self._lock:
+                        for wakeup in self._waiting.get(run_id, ()):
+                            wakeup.set()
+            time.sleep(self._log.poll_interval or DEFAULT_POLL_INTERVAL)
+
+    def _read(self, run_id: str) -> bool:
+        """Read what is new in the run's file; whether there was anything."""
+        with self._lock:
+            found = self._kept.get(run_id)
+        if found is None:  # start where this process last read the file
+            with self._log._lock:
+                end, position = self._log._cursors.get(run_id, (0, 0))
+            found = (end, position, [])
+        end, position, lines = found
+        try:
+            fd = open_no_follow(self._log._path(run_id, ".log"), os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        with os.fdopen(fd, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size == position:
+                return False
+            if size < position:  # a new file under the run's name: start again
+                end, position, lines = 0, 0, []
+            file.seek(position)
+            data = file.read()
+        cut = data.rfind(b"\n") + 1  # a line being written is read next time
+        new = data[:cut].split(b"\n")[:-1]
+        lines = lines + new
+        del lines[: max(0, len(lines) - PUBLISHED_KEPT)]
+        with self._lock:
+            if run_id in self._waiting:
+                self._kept[run_id] = (end + len(new), position + cut, lines)
+        return bool(new)
+
+
 # -- Redis ----------------------------------------------------------------------------
 
 _APPEND = """
 local length = redis.call('RPUSH', KEYS[1], unpack(ARGV))
-redis.call('PUBLISH', KEYS[1], length)
+redis.call('PUBLISH', KEYS[1], length .. '\\n' .. table.concat(ARGV, '\\n'))
 return length
 """
+"""Append a run's events and publish them, after the log's new length, one per line."""
 
 
 class RedisRunLog(RunLog):
@@ -431,6 +656,7 @@ class RedisRunLog(RunLog):
 
     def __init__(self, store: Any) -> None:
         self._store = store
+        self._channels: _Channels | None = None
         self._script: Any = None
         self._own: Any = None
         """The publisher's client: its own connection, closed when the store's runs end."""
@@ -479,6 +705,10 @@ class RedisRunLog(RunLog):
         ]
 
     def read(self, run_id: str, after: int) -> list[bytes] | None:
+        if self._channels is not None:  # followers in this process got them published
+            known = self._channels.published(self._key(run_id, b"events"), after)
+            if known is not None:
+                return known
         found = self._redis.lrange(self._key(run_id, b"events"), after, -1)
         if not found and after == 0:
             return None
@@ -497,7 +727,11 @@ class RedisRunLog(RunLog):
         return bool(counts and counts[0][1])
 
     def tail(self, run_id: str) -> Tail:
-        return _RedisTail(self._redis, self._key(run_id, b"events"))
+        if self._channels is None:
+            with _LOGS_LOCK:
+                if self._channels is None:
+                    self._channels = _Channels(self._redis)
+        return _RedisTail(self._channels, self._key(run_id, b"events"))
 
     def finished(self, run_id: str) -> None:
         pipe = self._publishing.pipeline(transaction=False)
@@ -507,42 +741,159 @@ class RedisRunLog(RunLog):
 
 
 class _RedisTail(Tail):
-    """A follower's subscription to its run's channel.
+    """A follower of a Redis run: woken by its process's `_Channels` (one connection)."""
 
-    ``close`` may come from another thread while one waits (the HTTP route
-    closes a follower whose client went away while a worker thread waits on
-    it): closing the subscription then would hand its connection back to the
-    pool while the waiting thread still reads it, and the next follower to
-    take that connection would lose its replies to the waiting thread. So the
-    thread that holds the subscription closes it: ``close`` does if nobody
-    waits, otherwise the waiting thread does when its wait ends.
-    """
-
-    def __init__(self, client: Any, channel: bytes) -> None:
-        self._pubsub = client.pubsub(ignore_subscribe_messages=True)
-        self._using = threading.Lock()
-        self._closed = False
-        self._pubsub.subscribe(channel)
-        self._pubsub.get_message(timeout=1.0)  # the subscription is confirmed: no append is missed
+    def __init__(self, channels: _Channels, channel: bytes) -> None:
+        self._channels = channels
+        self._channel = channel
+        self._wakeup = _Wakeup()
+        channels.add(channel, self._wakeup)
 
     def wait(self, timeout: float) -> None:
-        with self._using:
-            if not self._closed:
-                message = self._pubsub.get_message(timeout=timeout)
-                while message is not None:  # several appends wake the follower once
-                    message = self._pubsub.get_message(timeout=0)
-        self._close_if_asked()
+        self._wakeup.wait(timeout)
+
+    async def wait_async(self, seconds: float) -> None:
+        await self._wakeup.wait_async(seconds)
 
     def close(self) -> None:
-        self._closed = True
-        self._close_if_asked()
+        if not self._wakeup._closed:
+            self._wakeup.close()  # a waiter returns at once
+            self._channels.remove(self._channel, self._wakeup)
 
-    def _close_if_asked(self) -> None:
-        if self._closed and self._using.acquire(blocking=False):  # else a waiter closes it
+
+class _Channels:
+    """A process's subscriptions to its followed runs' channels, on one connection.
+
+    One thread reads the connection and wakes the followers of the run whose
+    channel got an append. An append publishes its events too: the thread
+    keeps a run's latest `PUBLISHED_KEPT` events while the run has followers
+    here, and they read new events from it instead of each asking Redis
+    (one round trip per follower per append otherwise). A follower per
+    connection and thread (the obvious way) costs a Redis connection and a
+    thread blocked on it per follower; a process with many followers then
+    spends its time switching between them. The thread starts with the first
+    follower and, `IDLE_EXIT` seconds after the last one left, exits and
+    releases the connection.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._lock = threading.Condition()
+        self._waiting: dict[bytes, set[_Wakeup]] = {}
+        self._sent: dict[bytes, int] = {}
+        """Per channel, the SUBSCRIBE commands sent and not yet confirmed."""
+        self._published: dict[bytes, tuple[int, list[bytes]]] = {}
+        """Per channel, the latest events published since the subscription: (their end, them)."""
+        self._pubsub: Any = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, channel: bytes, wakeup: _Wakeup) -> None:
+        """Subscribe ``wakeup`` to ``channel``; return once Redis confirmed the subscription."""
+        with self._lock:
+            if self._pubsub is None:
+                self._pubsub = self._client.pubsub()
+            waiting = self._waiting.setdefault(channel, set())
+            waiting.add(wakeup)
+            first = len(waiting) == 1
+            if first:
+                self._sent[channel] = self._sent.get(channel, 0) + 1
+                self._pubsub.subscribe(channel)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name="awaken-run-followers", daemon=True
+                )
+                self._thread.start()
+            # no append is missed once the subscription is confirmed
+            self._lock.wait_for(lambda: not self._sent.get(channel), 1.0)
+
+    def remove(self, channel: bytes, wakeup: _Wakeup) -> None:
+        with self._lock:
+            waiting = self._waiting.get(channel)
+            if waiting is None or wakeup not in waiting:
+                return
+            waiting.discard(wakeup)
+            if not waiting:
+                del self._waiting[channel]
+                self._published.pop(channel, None)
+                with contextlib.suppress(Exception):  # a lost connection drops it anyway
+                    self._pubsub.unsubscribe(channel)
+
+    def _loop(self) -> None:
+        idle_since: float | None = None
+        while True:
+            with self._lock:
+                pubsub = self._pubsub
+                if self._waiting:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= IDLE_EXIT:
+                    self._thread = None
+                    self._pubsub = None
+                    self._sent.clear()
+                    self._published.clear()
+                    with contextlib.suppress(Exception):
+                        pubsub.close()
+                    return
             try:
-                self._pubsub.close()
-            finally:
-                self._using.release()
+                message = pubsub.get_message(timeout=1.0)
+            except Exception as exc:  # the client reconnects and subscribes again
+                logger.debug("reading the runs' channels failed: %s", exc)
+                self._wake_all()
+                time.sleep(0.05)
+                continue
+            if message is not None:
+                self._handle(message)
+
+    def published(self, channel: bytes, after: int) -> list[bytes] | None:
+        """The events past offset ``after`` as published, or ``None`` if not all are kept."""
+        with self._lock:
+            kept = self._published.get(channel)
+            if kept is None:
+                return None
+            end, events = kept
+            start = end - len(events)
+            return events[after - start :] if start <= after <= end else None
+
+    def _keep(self, channel: bytes, data: bytes) -> None:
+        head, newline, body = data.partition(b"\n")
+        kept = self._published.get(channel)
+        if not newline or not head.isdigit() or channel not in self._waiting:
+            self._published.pop(channel, None)  # a wake-up only (an older producer)
+            return
+        end = int(head)
+        events = body.split(b"\n")
+        if kept is not None and kept[0] == end - len(events):  # the next ones: kept on
+            kept[1].extend(events)
+            events = kept[1]
+            del events[: max(0, len(events) - PUBLISHED_KEPT)]
+        self._published[channel] = (end, events)
+
+    def _handle(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        channel = message["channel"]
+        with self._lock:
+            if kind == "message":
+                self._keep(channel, message["data"])
+                for wakeup in self._waiting.get(channel, ()):
+                    wakeup.set()
+            elif kind == "subscribe":
+                self._published.pop(channel, None)  # what came while unsubscribed is unknown
+                left = self._sent.get(channel, 0) - 1
+                if left > 0:
+                    self._sent[channel] = left
+                else:
+                    self._sent.pop(channel, None)
+                self._lock.notify_all()
+                for wakeup in self._waiting.get(channel, ()):  # resubscribed: read again
+                    wakeup.set()
+
+    def _wake_all(self) -> None:
+        with self._lock:
+            self._published.clear()
+            for waiting in self._waiting.values():
+                for wakeup in waiting:
+                    wakeup.set()
 
 
 # -- PostgreSQL -----------------------------------------------------------------------
@@ -713,17 +1064,6 @@ class PostgresRunLog(RunLog):
         self._listener.stop()
 
 
-class _Waiters:
-    """The tails of one run in this process, and how many notifications it got."""
-
-    __slots__ = ("changed", "count", "tails")
-
-    def __init__(self, lock: threading.Lock) -> None:
-        self.changed = threading.Condition(lock)
-        self.count = 0
-        self.tails = 0
-
-
 class _PostgresListener:
     """The connection that ``LISTEN``s on a store's channel for this process's followers.
 
@@ -738,13 +1078,14 @@ class _PostgresListener:
         self._log = log
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._runs: dict[str, _Waiters] = {}
+        self._runs: dict[str, set[_Wakeup]] = {}
+        """Per run (its notification payload), the wake-ups of its followers here."""
         self._thread: threading.Thread | None = None
         self._listening = False
         self._error: BaseException | None = None
         self._stopping = False
 
-    def attach(self, run_id: str) -> _Waiters:
+    def attach(self, run_id: str, wakeup: _Wakeup) -> None:
         """Register a follower of ``run_id``; return once the channel is listened to.
 
         Raises:
@@ -752,10 +1093,7 @@ class _PostgresListener:
         """
         payload = PostgresRunLog.payload(run_id)
         with self._lock:
-            waiters = self._runs.get(payload)
-            if waiters is None:
-                waiters = self._runs[payload] = _Waiters(self._lock)
-            waiters.tails += 1
+            self._runs.setdefault(payload, set()).add(wakeup)
             self._stopping = False
             if self._thread is None:
                 self._error = None
@@ -768,29 +1106,27 @@ class _PostgresListener:
             )
             error = None if self._listening else self._error or TimeoutError("no LISTEN yet")
         if error is not None:
-            self.detach(run_id)
+            self.detach(run_id, wakeup)
             with self._log._store._backend_errors("event log listen", run_id):
                 raise error
-        return waiters
 
-    def detach(self, run_id: str) -> None:
+    def detach(self, run_id: str, wakeup: _Wakeup) -> None:
         payload = PostgresRunLog.payload(run_id)
         with self._lock:
-            waiters = self._runs.get(payload)
-            if waiters is not None:
-                waiters.tails -= 1
-                if waiters.tails <= 0:
+            waiting = self._runs.get(payload)
+            if waiting is not None:
+                waiting.discard(wakeup)
+                if not waiting:
                     del self._runs[payload]
-                waiters.changed.notify_all()
 
     def stop(self) -> None:
         with self._lock:
             self._stopping = True
 
     def _wake_all(self) -> None:
-        for waiters in self._runs.values():
-            waiters.count += 1
-            waiters.changed.notify_all()
+        for waiting in self._runs.values():
+            for wakeup in waiting:
+                wakeup.set()
 
     def _loop(self) -> None:
         conn: Any = None
@@ -817,10 +1153,8 @@ class _PostgresListener:
                 try:
                     for notify in conn.notifies(timeout=RENEW_EVERY):
                         with self._lock:
-                            waiters = self._runs.get(notify.payload)
-                            if waiters is not None:
-                                waiters.count += 1
-                                waiters.changed.notify_all()
+                            for wakeup in self._runs.get(notify.payload, ()):
+                                wakeup.set()
                 except Exception as exc:  # the connection broke: connect again
                     logger.debug("the event log's LISTEN connection failed: %s", exc)
                     with contextlib.suppress(Exception):
@@ -864,31 +1198,35 @@ class _PostgresListener:
 
 
 class _PostgresTail(Tail):
+    """A follower of a PostgreSQL run: woken by its process's `_PostgresListener`."""
+
     def __init__(self, log: PostgresRunLog, run_id: str) -> None:
         self._log, self._run_id = log, run_id
-        self._waiters: _Waiters | None = log._listener.attach(run_id)
-        self._seen = self._waiters.count
+        self._wakeup = _Wakeup()  # several appends wake the follower once
         self._renewed = 0.0
+        log._listener.attach(run_id, self._wakeup)
 
-    def wait(self, timeout: float) -> None:
+    def _renew_due(self) -> bool:
         now = time.monotonic()
         if now - self._renewed >= RENEW_EVERY:
             self._renewed = now
+            return True
+        return False
+
+    def wait(self, timeout: float) -> None:
+        if self._renew_due():
             self._log.watch(self._run_id)
-        waiters = self._waiters
-        if waiters is None:
-            return
-        with waiters.changed:  # several appends wake the follower once
-            waiters.changed.wait_for(
-                lambda: waiters.count != self._seen or self._waiters is None,
-                min(timeout, RENEW_EVERY),
-            )
-            self._seen = waiters.count
+        self._wakeup.wait(min(timeout, RENEW_EVERY))
+
+    async def wait_async(self, seconds: float) -> None:
+        if self._renew_due():  # one short statement: a hop to a thread
+            await asyncio.to_thread(self._log.watch, self._run_id)
+        await self._wakeup.wait_async(min(seconds, RENEW_EVERY))
 
     def close(self) -> None:
-        if self._waiters is not None:
-            self._waiters = None
-            self._log._listener.detach(self._run_id)
+        if not self._wakeup._closed:
+            self._wakeup.close()  # a waiter returns at once
+            self._log._listener.detach(self._run_id, self._wakeup)
 
 
 # -- which log a store has ------------------------------------------------------------

@@ -109,7 +109,11 @@ class RunEvent:
 
 
 class _Follower:
-    """The reading side of `follow`, in steps that the async twin runs in a thread."""
+    """The reading side of `follow` and `afollow`, in steps.
+
+    The async twin waits without a thread (`anext`): an HTTP stream that waits
+    for the next event holds no worker thread of the server.
+    """
 
     def __init__(self, store: StreamCheckpointStore, run_id: str, after: int) -> None:
         if isinstance(after, bool) or not isinstance(after, int) or after < 0:
@@ -156,6 +160,18 @@ class _Follower:
         self.tail.wait(timeout)
         return self._events(self.log.read(self.run_id, self.cursor) or [])
 
+    async def anext(self, seconds: float = WAIT_STEP) -> list[RunEvent]:
+        """`next` for a coroutine: the wait holds no thread, the read a short hop to one."""
+        assert self.tail is not None
+        await self.tail.wait_async(seconds)
+        if self.tail is None:  # closed meanwhile
+            return []
+        if self.log.quick:  # this process's memory: nothing blocks
+            raw = self.log.read(self.run_id, self.cursor)
+        else:
+            raw = await asyncio.to_thread(self.log.read, self.run_id, self.cursor)
+        return self._events(raw or [])
+
     def close(self) -> None:
         if self.tail is not None:
             self.tail.close()
@@ -171,11 +187,12 @@ def follow(store: StreamCheckpointStore, run_id: str, *, after: int = 0) -> Iter
     saw gets every later event once.
 
     Live events reach a follower of a Redis store as the producer appends them
-    (pub/sub, no polling), and of a PostgreSQL store likewise (``LISTEN`` on a
-    connection a process's followers share; a follower reads the log at least
-    every 0.5 s); a follower of a local store (file, DiskCache) reads the log
-    every 20 ms (``DEFAULT_POLL_INTERVAL`` in ``_runlog``); an in-process store
-    wakes its followers. A producer appends a followed run's
+    (pub/sub, no polling; one subscription per process for all its
+    followers), and of a PostgreSQL store likewise (``LISTEN`` on a connection
+    a process's followers share; a follower reads the log at least every
+    0.5 s); a process's followers of a local store (file, DiskCache) share one
+    thread that reads the log every 10 ms (``DEFAULT_POLL_INTERVAL`` in
+    ``_runlog``); an in-process store wakes its followers. A producer appends a followed run's
     events every 5 ms, a run nobody follows every 250 ms.
 
     Args:
@@ -227,7 +244,7 @@ def _follow(follower: _Follower, replayed: list[RunEvent]) -> Generator[RunEvent
 async def afollow(
     store: StreamCheckpointStore, run_id: str, *, after: int = 0
 ) -> AsyncIterator[RunEvent]:
-    """Async twin of `follow` (its waits run in a worker thread).
+    """Async twin of `follow` (its waits hold no thread; its reads hop to one).
 
     The run and the offset are checked when the first event is awaited.
     """
@@ -236,7 +253,7 @@ async def afollow(
         for event in await asyncio.to_thread(follower.open):
             yield event
         while not follower.done:
-            for event in await asyncio.to_thread(follower.next):
+            for event in await follower.anext():
                 yield event
     finally:
         await asyncio.to_thread(follower.close)

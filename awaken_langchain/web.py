@@ -108,7 +108,8 @@ async def _stream(
             yield sse_event(event)
         sent = loop.time()
         while not follower.done:
-            events = await asyncio.to_thread(follower.next, min(keepalive, WAIT_STEP))
+            # waits hold no thread: a dropped stream costs the server no worker
+            events = await follower.anext(min(keepalive, WAIT_STEP))
             for event in events:
                 yield sse_event(event)
             if events:

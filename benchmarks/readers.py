@@ -550,6 +550,28 @@ class Results:
     skipped: list[str]
 
 
+def goal_lines(deltas: list[DeltaRow], reconnects: list[ReconnectRow]) -> list[str]:
+    """Each goal, and on which stores it is met (the worst case of each store is judged)."""
+    stores = list(dict.fromkeys([r.store for r in deltas] + [r.store for r in reconnects]))
+
+    def verdict(rows: list[Any]) -> str:
+        met = [s for s in stores if any(r.store == s for r in rows)]
+        missed = [s for s in met if not all(r.met for r in rows if r.store == s)]
+        met = [s for s in met if s not in missed]
+        parts = [f"met on {', '.join(met)}"] if met else []
+        parts += [f"NOT met on {', '.join(missed)}"] if missed else []
+        return "; ".join(parts) or "not measured"
+
+    return [
+        f"Goal: delta visible to a follower, p99 <= {DELTA_GOAL_MS:g} ms: {verdict(deltas)}.",
+        *(
+            f"Goal: reconnect, first event <= {RECONNECT_GOAL_MS:g} ms at any length, {via}: "
+            f"{verdict([r for r in reconnects if r.via == via])}."
+            for via in dict.fromkeys(r.via for r in reconnects)
+        ),
+    ]
+
+
 def _size(chars: int) -> str:
     return f"{chars // 1_000_000} MB" if chars >= 1_000_000 else f"{chars // 1_000} KB"
 
@@ -666,6 +688,9 @@ def main(
     )
     for note in skipped:
         print(note)
+    print()
+    for line in goal_lines(deltas, reconnects):
+        print(line)
     print(
         "A turn nobody follows: instructions per chunk in `python -m benchmarks.sdk_instructions`."
     )

@@ -434,6 +434,8 @@ def test_readers_benchmark_checks_every_follower_read_every_delta_once_in_order(
         assert any(line.startswith(store) for line in table_rows)
     assert "redis" in stores or "redis: skipped" in out
     assert "postgres" in stores or "postgres: skipped" in out
+    assert "Goal: delta visible to a follower, p99 <= 50 ms: " in out
+    assert "Goal: reconnect, first event <= 100 ms at any length, HTTP GET: " in out
 
 
 def test_readers_benchmark_flags_a_follower_that_missed_or_repeated_a_delta() -> None:

@@ -301,6 +301,38 @@ def test_async_follow_and_stop(server: LoopbackProvider, store: StreamCheckpoint
     assert "".join(e.text for e in events) == message.text
 
 
+@pytest.mark.parametrize("kind", ["memory", "file", "redis"])
+def test_async_followers_waiting_for_events_hold_no_worker_thread(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    spec = (
+        ["redis", request.getfixturevalue("redis_server").url, unique_prefix()]
+        if kind == "redis"
+        else [kind, str(tmp_path / "store")]
+    )
+    with open_store(spec) as store:
+        log = _runlog.run_log(store)
+        run_id = str(uuid.uuid4())
+        log.append(run_id, [_runlog.encode_event("started", {"pid": 1})])
+
+        async def main() -> tuple[float, list[list[str]]]:
+            async def read() -> list[str]:
+                return [event.type async for event in afollow(store, run_id)]
+
+            readers = [asyncio.create_task(read()) for _ in range(64)]
+            await asyncio.sleep(0.3)  # every reader waits for the run's next event
+            started = time.monotonic()
+            await asyncio.to_thread(lambda: None)  # the loop's worker threads are free
+            waited = time.monotonic() - started
+            await asyncio.to_thread(log.append, run_id, [_runlog.encode_event("completed", {})])
+            return waited, await asyncio.wait_for(asyncio.gather(*readers), 30)
+
+        waited, seen = asyncio.run(main())
+
+    assert seen == [["started", "completed"]] * 64
+    assert waited < 0.5
+
+
 def test_a_run_nobody_follows_is_published_only_at_the_checkpoint_cadence(
     server: LoopbackProvider, store: StreamCheckpointStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from awaken_langchain import InMemoryStreamCheckpointStore, RecoveringChatModel, RetryPolicy
+from awaken_langchain._runlog import encode_event, run_log
 from awaken_langchain.testing import Fault, LoopbackProvider, Scenario, continuation_responder
 from awaken_langchain.web import reader_app
 from tests.conftest import loopback_client
@@ -179,3 +183,74 @@ def test_a_silent_stream_sends_keep_alive_comments_that_readers_ignore(
     assert "".join(e["data"]["text"] for e in events if e["event"] == "text") == ANSWER
     with pytest.raises(ValueError, match="keepalive"):
         reader_app(store, keepalive=0)
+
+
+@contextlib.contextmanager
+def served(app: Any) -> Iterator[int]:
+    """``app`` served by uvicorn on a free loopback port, in a thread."""
+    import uvicorn
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        listener.close()
+
+
+def open_stream(port: int, run_id: str) -> tuple[socket.socket, float]:
+    """A client of ``GET /runs/{run_id}/events`` that got its first event, and how long it took."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    start = time.perf_counter()
+    sock.sendall(f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: app\r\n\r\n".encode())
+    seen = b""
+    while b"\nid: " not in seen:
+        data = sock.recv(65536)
+        assert data, seen
+        seen += data
+    return sock, time.perf_counter() - start
+
+
+def first_event(port: int, run_id: str) -> float:
+    """Seconds from a new client's request to its first event (it then hangs up)."""
+    sock, seconds = open_stream(port, run_id)
+    sock.close()
+    return seconds
+
+
+def test_a_reconnect_gets_its_first_event_at_once_while_many_streams_wait_or_just_dropped(
+    store: InMemoryStreamCheckpointStore,
+) -> None:
+    # a run still answering: its readers wait for its next events
+    run_id = str(uuid.uuid4())
+    run_log(store).append(
+        run_id, [encode_event("started", {"pid": 1}), encode_event("text", {"text": "Hi"})]
+    )
+    with served(reader_app(store)) as port:
+        opened: list[socket.socket] = []
+        clients = [
+            threading.Thread(target=lambda: opened.append(open_stream(port, run_id)[0]))
+            for _ in range(64)
+        ]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(60)
+        assert len(opened) == 64
+        waited = [first_event(port, run_id)]  # 64 streams wait for the run's next event
+        for sock in opened:  # tabs closed mid-answer: every client drops its stream
+            sock.close()
+        waited += [first_event(port, run_id) for _ in range(3)]
+
+    # a waiting or dropped stream holds no worker thread: a reader rejoins at once
+    assert max(waited) < 0.5
