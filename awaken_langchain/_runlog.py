@@ -782,6 +782,8 @@ class _Channels:
         self._waiting: dict[bytes, set[_Wakeup]] = {}
         self._sent: dict[bytes, int] = {}
         """Per channel, the SUBSCRIBE commands sent and not yet confirmed."""
+        self._unsent: dict[bytes, int] = {}
+        """Per channel, the UNSUBSCRIBE commands sent and not yet confirmed."""
         self._published: dict[bytes, tuple[int, list[bytes]]] = {}
         """Per channel, the latest events published since the subscription: (their end, them)."""
         self._pubsub: Any = None
@@ -815,8 +817,16 @@ class _Channels:
             if not waiting:
                 del self._waiting[channel]
                 self._published.pop(channel, None)
-                with contextlib.suppress(Exception):  # a lost connection drops it anyway
+                try:
                     self._pubsub.unsubscribe(channel)
+                except Exception:  # a lost connection drops it anyway
+                    return
+                self._unsent[channel] = self._unsent.get(channel, 0) + 1
+                # the run no longer counts as followed from here once Redis confirmed it
+                # (a producer asking right after the close sees the change)
+                self._lock.wait_for(
+                    lambda: not self._unsent.get(channel) or channel in self._waiting, 1.0
+                )
 
     def _loop(self) -> None:
         idle_since: float | None = None
@@ -831,6 +841,7 @@ class _Channels:
                     self._thread = None
                     self._pubsub = None
                     self._sent.clear()
+                    self._unsent.clear()
                     self._published.clear()
                     with contextlib.suppress(Exception):
                         pubsub.close()
@@ -887,10 +898,19 @@ class _Channels:
                 self._lock.notify_all()
                 for wakeup in self._waiting.get(channel, ()):  # resubscribed: read again
                     wakeup.set()
+            elif kind == "unsubscribe":
+                left = self._unsent.get(channel, 0) - 1
+                if left > 0:
+                    self._unsent[channel] = left
+                else:
+                    self._unsent.pop(channel, None)
+                self._lock.notify_all()
 
     def _wake_all(self) -> None:
         with self._lock:
             self._published.clear()
+            self._unsent.clear()  # the connection is gone, and its subscriptions with it
+            self._lock.notify_all()
             for waiting in self._waiting.values():
                 for wakeup in waiting:
                     wakeup.set()
