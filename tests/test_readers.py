@@ -525,6 +525,8 @@ def test_followers_in_one_process_share_one_listening_postgres_connection(
     assert [reader.text for reader in readers] == [merged(chunks).text] * 10
 
 
+# The turn on the frozen store warns that its store stopped answering: that is the point.
+@pytest.mark.filterwarnings("ignore::awaken_langchain.errors.StreamCheckpointWarning")
 def test_a_frozen_store_does_not_delay_the_final_event_of_another_stores_runs(
     server: LoopbackProvider, redis_server: RedisServer, tmp_path: Path
 ) -> None:
