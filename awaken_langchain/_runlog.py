@@ -58,7 +58,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from langchain_core.messages import AIMessage, BaseMessageChunk, message_to_dict
 from langchain_core.outputs import ChatGenerationChunk
@@ -416,7 +416,7 @@ class DirectoryRunLog(RunLog):
         with self._lock:
             if self._watcher is None:
                 self._watcher = _FileWatcher(self)
-        return _WatchedTail(self._watcher, run_id)
+        return _WokenTail(self._watcher, run_id)  # woken by its process's `_FileWatcher`
 
     def read(self, run_id: str, after: int) -> list[bytes] | None:
         if self._watcher is not None:  # followers in this process: read once for them all
@@ -508,14 +508,22 @@ class DirectoryRunLog(RunLog):
             self.collect(KEEP_FOR)
 
 
-class _WatchedTail(Tail):
-    """A follower of a local run: woken by its process's `_FileWatcher`."""
+class _Reader(Protocol):
+    """A process's one reader of followed runs, waking their followers' wake-ups."""
 
-    def __init__(self, watcher: _FileWatcher, run_id: str) -> None:
-        self._watcher = watcher
-        self._run_id = run_id
+    def add(self, key: Any, wakeup: _Wakeup) -> None: ...
+
+    def remove(self, key: Any, wakeup: _Wakeup) -> None: ...
+
+
+class _WokenTail(Tail):
+    """A follower woken by its process's reader of the run (``key`` names the run there)."""
+
+    def __init__(self, reader: _Reader, key: Any) -> None:
+        self._reader = reader
+        self._key = key
         self._wakeup = _Wakeup()
-        watcher.add(run_id, self._wakeup)
+        reader.add(key, self._wakeup)
 
     def wait(self, timeout: float) -> None:
         self._wakeup.wait(timeout)
@@ -526,7 +534,7 @@ class _WatchedTail(Tail):
     def close(self) -> None:
         if not self._wakeup._closed:
             self._wakeup.close()  # a waiter returns at once
-            self._watcher.remove(self._run_id, self._wakeup)
+            self._reader.remove(self._key, self._wakeup)
 
 
 class _FileWatcher:
@@ -731,34 +739,13 @@ class RedisRunLog(RunLog):
             with _LOGS_LOCK:
                 if self._channels is None:
                     self._channels = _Channels(self._redis)
-        return _RedisTail(self._channels, self._key(run_id, b"events"))
+        return _WokenTail(self._channels, self._key(run_id, b"events"))  # by `_Channels`
 
     def finished(self, run_id: str) -> None:
         pipe = self._publishing.pipeline(transaction=False)
         pipe.expire(self._key(run_id, b"events"), int(KEEP_FOR))
         pipe.delete(self._key(run_id, b"stop"))
         pipe.execute()
-
-
-class _RedisTail(Tail):
-    """A follower of a Redis run: woken by its process's `_Channels` (one connection)."""
-
-    def __init__(self, channels: _Channels, channel: bytes) -> None:
-        self._channels = channels
-        self._channel = channel
-        self._wakeup = _Wakeup()
-        channels.add(channel, self._wakeup)
-
-    def wait(self, timeout: float) -> None:
-        self._wakeup.wait(timeout)
-
-    async def wait_async(self, seconds: float) -> None:
-        await self._wakeup.wait_async(seconds)
-
-    def close(self) -> None:
-        if not self._wakeup._closed:
-            self._wakeup.close()  # a waiter returns at once
-            self._channels.remove(self._channel, self._wakeup)
 
 
 class _Channels:
@@ -1105,7 +1092,7 @@ class _PostgresListener:
         self._error: BaseException | None = None
         self._stopping = False
 
-    def attach(self, run_id: str, wakeup: _Wakeup) -> None:
+    def add(self, run_id: str, wakeup: _Wakeup) -> None:
         """Register a follower of ``run_id``; return once the channel is listened to.
 
         Raises:
@@ -1126,11 +1113,11 @@ class _PostgresListener:
             )
             error = None if self._listening else self._error or TimeoutError("no LISTEN yet")
         if error is not None:
-            self.detach(run_id, wakeup)
+            self.remove(run_id, wakeup)
             with self._log._store._backend_errors("event log listen", run_id):
                 raise error
 
-    def detach(self, run_id: str, wakeup: _Wakeup) -> None:
+    def remove(self, run_id: str, wakeup: _Wakeup) -> None:
         payload = PostgresRunLog.payload(run_id)
         with self._lock:
             waiting = self._runs.get(payload)
@@ -1217,14 +1204,16 @@ class _PostgresListener:
         return conn
 
 
-class _PostgresTail(Tail):
-    """A follower of a PostgreSQL run: woken by its process's `_PostgresListener`."""
+class _PostgresTail(_WokenTail):
+    """A follower of a PostgreSQL run: woken by its process's `_PostgresListener`.
+
+    It renews the run's followed mark as it waits.
+    """
 
     def __init__(self, log: PostgresRunLog, run_id: str) -> None:
         self._log, self._run_id = log, run_id
-        self._wakeup = _Wakeup()  # several appends wake the follower once
         self._renewed = 0.0
-        log._listener.attach(run_id, self._wakeup)
+        super().__init__(log._listener, run_id)
 
     def _renew_due(self) -> bool:
         now = time.monotonic()
@@ -1236,17 +1225,12 @@ class _PostgresTail(Tail):
     def wait(self, timeout: float) -> None:
         if self._renew_due():
             self._log.watch(self._run_id)
-        self._wakeup.wait(min(timeout, RENEW_EVERY))
+        super().wait(min(timeout, RENEW_EVERY))
 
     async def wait_async(self, seconds: float) -> None:
         if self._renew_due():  # one short statement: a hop to a thread
             await asyncio.to_thread(self._log.watch, self._run_id)
-        await self._wakeup.wait_async(min(seconds, RENEW_EVERY))
-
-    def close(self) -> None:
-        if not self._wakeup._closed:
-            self._wakeup.close()  # a waiter returns at once
-            self._log._listener.detach(self._run_id, self._wakeup)
+        await super().wait_async(min(seconds, RENEW_EVERY))
 
 
 # -- which log a store has ------------------------------------------------------------
