@@ -641,9 +641,13 @@ def test_chat_finishes_the_turn_a_killed_chat_process_left(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", "test-key")
-    answer = "One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten."
+    answer = "One. Two. Three. Four. Five. Six. Seven. Eight. Nine. Ten. Eleven. Twelve."
     with LoopbackProvider(default=echo_responder()) as server:
-        server.enqueue(Scenario(text=answer, fault=Fault.stall(60, after_events=8)))
+        # The role event and nine text deltas before the stall: the chunk rule (a write
+        # at most every 8 chunks) saves the turn however fast they arrive. With fewer,
+        # only the time rule could, and it is checked when a chunk arrives: a turn whose
+        # first few chunks all come within 0.25 s and then stall is not written.
+        server.enqueue(Scenario(text=answer, fault=Fault.stall(60, after_events=10)))
         argv = ["chat", "--model", "openai:gpt-4o-mini", "--base-url", server.base_url_openai]
         argv += ["--dir", str(tmp_path), "--thread", "t-killed"]
         env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OPENAI_API_KEY": "test-key"}
