@@ -355,7 +355,6 @@ def test_paced_instruction_count_of_diskcache_tells_what_sqlite_executed() -> No
 
     assert chunks == 2 * 10
     assert writes >= 2  # every turn writes, if only its closing write
-    assert total > 100_000_000  # an interpreter's start-up alone
     assert 0 < sqlite < total
 
 
