@@ -143,8 +143,9 @@ async def main_async(store: StreamCheckpointStore, worker: int, runs: int, round
     return log
 
 
-def main() -> None:
-    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = sys.argv[1:9]
+def main(argv: list[str], out: Path | None = None) -> None:
+    """Race as worker ``argv[3]``; write the log to ``out`` (standard output when ``None``)."""
+    kind, address, location, worker_s, workers_s, runs_s, rounds_s, mode = argv[:8]
     worker, runs, rounds = int(worker_s), int(runs_s), int(rounds_s)
     store = open_store(kind, location, address)  # type: ignore[arg-type]
     store.list_run_ids()  # connected (and a new database's tables made) before the start
@@ -164,8 +165,11 @@ def main() -> None:
             ]:
                 future.result()
     store.close()
-    print(log.dump())
+    if out is None:
+        print(log.dump())
+    else:
+        out.write_text(log.dump())
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

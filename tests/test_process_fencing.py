@@ -2,7 +2,7 @@
 
 Four processes, two on the async API and two on threads, race claims and
 read-extend-write cycles on the same 32 runs of one store (see
-``fencing_worker.py``). Every accepted write extends the text it read, so the
+``fencing_worker.py``, forked from a fork server). Every accepted write extends the text it read, so the
 final text of each run is the history of what landed: no stale write may land
 after a newer owner's, and no accepted write may be lost.
 """
@@ -10,21 +10,18 @@ after a newer owner's, and no accepted write may be lost.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections import defaultdict
 from pathlib import Path
 
+import fencing_worker
 import pytest
+from fork_server import fork_server
 
 from tests.store_kinds import SERVER_KINDS, StoreKind, open_store, server_address
 
 pytestmark = pytest.mark.slow
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-WORKER = Path(__file__).resolve().parent / "fencing_worker.py"
 SEGMENT = re.compile(r"<(\d+)\.(\d+)\.(\d+)\.(\d+)>")
 
 
@@ -34,33 +31,39 @@ def test_stale_writes_never_land_when_four_processes_race_on_the_same_runs(
 ) -> None:
     address, location = server_address(kind), str(tmp_path / "race")
     processes, runs, rounds = 4, 32, 2
+    context = fork_server("fencing_worker")
+    logs_at = [tmp_path / f"worker-{worker}.json" for worker in range(processes)]
     workers = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                str(WORKER),
-                kind,
-                address,
-                location,
-                str(worker),
-                str(processes),
-                str(runs),
-                str(rounds),
-                "async" if worker % 2 == 0 else "threads",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(WORKER.parent)])},
-            cwd=REPO_ROOT,
+        context.Process(
+            target=fencing_worker.main,
+            args=(
+                [
+                    kind,
+                    address,
+                    location,
+                    str(worker),
+                    str(processes),
+                    str(runs),
+                    str(rounds),
+                    "async" if worker % 2 == 0 else "threads",
+                ],
+                logs_at[worker],
+            ),
+            daemon=True,
         )
         for worker in range(processes)
     ]
-    logs = []
     for process in workers:
-        out, err = process.communicate(timeout=120)
-        assert process.returncode == 0, err
-        logs.append(json.loads(out))
+        process.start()
+    try:
+        for process in workers:
+            process.join(120)
+            assert process.exitcode == 0, f"a racing process ended with {process.exitcode}"
+    finally:
+        for process in workers:
+            if process.exitcode is None:
+                process.kill()
+    logs = [json.loads(path.read_text()) for path in logs_at]
 
     claims: dict[str, list[int]] = defaultdict(list)
     accepted: dict[str, set[str]] = defaultdict(set)
