@@ -26,7 +26,7 @@ import os
 import signal
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
@@ -36,6 +36,7 @@ import crash_child
 import pytest
 from crash_child import ChildSpec
 from fork_server import fork_server as start_fork_server
+from forked_child import WAIT, ForkedChild
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -52,8 +53,6 @@ from tests.store_kinds import StoreKind, server_address
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60.0
-"""Longest wait for a child's report; reached only when something is broken."""
 STALL = 120.0
 """A provider stall that outlives the test (the server's shutdown ends it)."""
 THREAD = "thread-1"
@@ -63,90 +62,17 @@ PROMPT = "What is the weather in Paris?"
 # -- the harness ------------------------------------------------------------------
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
 @pytest.fixture(scope="module")
 def fork_server() -> ForkServerContext:
     """A fork server that has imported the child's code from this repository."""
     return start_fork_server("crash_child")
 
 
-class Child:
-    """One child process and its report pipe."""
+class Child(ForkedChild):
+    """One ``crash_child`` process and its report pipe."""
 
     def __init__(self, context: ForkServerContext, spec: ChildSpec) -> None:
-        self.spec = spec
-        self.events: list[dict[str, Any]] = []
-        self._conn, child_end = context.Pipe()
-        self.process = context.Process(
-            target=crash_child.run, args=(spec, child_end), name=spec.name, daemon=True
-        )
-        self.process.start()
-        child_end.close()
-        started = self.wait_event("started")
-        assert Path(started["library"]).is_relative_to(REPO_ROOT), started
-
-    @property
-    def pid(self) -> int:
-        assert self.process.pid is not None
-        return self.process.pid
-
-    def wait_for(self, matches: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        """Read reports until one matches; fail if the child ends first."""
-        for seen in self.events:
-            if matches(seen):
-                return seen
-        while True:
-            if not self._conn.poll(WAIT):
-                pytest.fail(f"{self.spec.name}: no matching report within {WAIT} s\n{self._tail()}")
-            try:
-                event: dict[str, Any] = self._conn.recv()
-            except EOFError:
-                self.process.join(WAIT)
-                pytest.fail(
-                    f"{self.spec.name} ended (exit code {self.process.exitcode}) before the "
-                    f"report the test waits for\n{self._tail()}"
-                )
-            self.events.append(event)
-            if matches(event):
-                return event
-
-    def wait_event(self, name: str, **fields: Any) -> dict[str, Any]:
-        """Wait for a report named ``name`` whose fields equal ``fields``."""
-        return self.wait_for(
-            lambda e: e["event"] == name and all(e.get(k) == v for k, v in fields.items())
-        )
-
-    def release(self) -> None:
-        """Let a child blocked at a block point go on."""
-        self._conn.send("go")
-
-    def kill(self) -> None:
-        """SIGKILL the child, reap it, and read the reports it sent before it died."""
-        os.kill(self.pid, signal.SIGKILL)
-        self.process.join(WAIT)
-        assert self.process.exitcode == -signal.SIGKILL
-        try:
-            while self._conn.poll(0):
-                self.events.append(self._conn.recv())
-        except EOFError:
-            pass
-        self._conn.close()
-
-    def finish(self) -> None:
-        """Wait for the child to finish its turn and exit cleanly."""
-        self.wait_event("done")
-        self.process.join(WAIT)
-        assert self.process.exitcode == 0, self._tail()
-        self._conn.close()
-
-    def stderr(self) -> str:
-        path = self.spec.stderr_path
-        return path.read_text(encoding="utf-8") if path.exists() else ""
-
-    def _tail(self) -> str:
-        return f"reports: {self.events[-8:]}\nstderr:\n{self.stderr()[-4000:]}"
+        super().__init__(context, crash_child.run, spec)
 
     def puts(self) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == "put"]

@@ -1,10 +1,10 @@
 """Fencing holds between processes on every store that hosts share.
 
-Four processes, two on the async API and two on threads, race claims and
-read-extend-write cycles on the same 32 runs of one store (see
-``fencing_worker.py``, forked from a fork server). Every accepted write extends the text it read, so the
-final text of each run is the history of what landed: no stale write may land
-after a newer owner's, and no accepted write may be lost.
+Four processes, forked from a fork server, two on the async API and two on
+threads, race claims and read-extend-write cycles on the same 32 runs of one
+store (see ``fencing_worker.py``). Every accepted write extends the text it
+read, so the final text of each run is the history of what landed: no stale
+write may land after a newer owner's, and no accepted write may be lost.
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
-from typing import Any
 
 import ledger_crash_child
 import pytest
 from fork_server import fork_server as start_fork_server
+from forked_child import WAIT, ForkedChild
 from langchain_core.messages import BaseMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from ledger_crash_child import LedgerChildSpec
@@ -34,10 +34,8 @@ from tests.redis_server import prefix_for
 
 pytestmark = pytest.mark.slow
 
-WAIT = 60.0
 THREAD = "thread-1"
 CALL_ID = "call_pay_1"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -46,46 +44,11 @@ def fork_server() -> ForkServerContext:
     return start_fork_server("ledger_crash_child")
 
 
-class Child:
+class Child(ForkedChild):
+    """One ``ledger_crash_child`` process and its report pipe."""
+
     def __init__(self, context: ForkServerContext, spec: LedgerChildSpec) -> None:
-        self.spec = spec
-        self._conn, child_end = context.Pipe()
-        self.process = context.Process(
-            target=ledger_crash_child.run, args=(spec, child_end), name=spec.name, daemon=True
-        )
-        self.process.start()
-        child_end.close()
-        started = self.wait_event("started")
-        assert Path(started["library"]).is_relative_to(REPO_ROOT), started
-
-    def wait_event(self, name: str) -> dict[str, Any]:
-        while True:
-            if not self._conn.poll(WAIT):
-                pytest.fail(f"{self.spec.name}: no {name!r} within {WAIT} s\n{self.stderr()}")
-            try:
-                event: dict[str, Any] = self._conn.recv()
-            except EOFError:
-                self.process.join(WAIT)
-                pytest.fail(f"{self.spec.name} ended before {name!r}\n{self.stderr()}")
-            if event["event"] == name:
-                return event
-
-    def kill(self) -> None:
-        assert self.process.pid is not None
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join(WAIT)
-        assert self.process.exitcode == -signal.SIGKILL
-        self._conn.close()
-
-    def finish(self) -> None:
-        self.wait_event("done")
-        self.process.join(WAIT)
-        assert self.process.exitcode == 0, self.stderr()
-        self._conn.close()
-
-    def stderr(self) -> str:
-        path = Path(self.spec.output_dir) / f"{self.spec.name}.err"
-        return path.read_text(encoding="utf-8")[-4000:] if path.exists() else ""
+        super().__init__(context, ledger_crash_child.run, spec)
 
 
 @dataclass
