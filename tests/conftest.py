@@ -33,6 +33,7 @@ from awaken_langchain.testing import LoopbackProvider, RecordedRequest
 from tests.postgres_server import corrupt_postgres, postgres_records, postgres_store_on
 from tests.redis_server import (
     corrupt_redis,
+    private_redis,
     redis_let_time_pass,
     redis_records,
     redis_server,
@@ -118,7 +119,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 pytest_plugins = ["awaken_langchain.testing.pytest_plugin"]
 
-__all__ = ["redis_server"]  # the session fixture, defined with the server helper
+__all__ = ["private_redis", "redis_server"]  # fixtures defined with the server helper
 
 
 class FakeClock:

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -207,11 +208,22 @@ class RedisServer:
             self.process.wait(timeout=10)
         self.process = None
 
+    def freeze(self) -> None:
+        """Stop the server's process (SIGSTOP): connections stay open, nothing answers."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """Let a frozen server go on (SIGCONT)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        """Stop the server gracefully (SIGTERM), killing it if it does not exit."""
+        """Stop the server gracefully (SIGTERM), killing it if it does not exit; frozen or not."""
         if self.process is None:
             return
         if self.process.poll() is None:
+            self.thaw()
             self.process.terminate()
             try:
                 self.process.wait(timeout=10)
@@ -251,6 +263,17 @@ def shared_redis_server() -> RedisServer:
 def redis_server() -> RedisServer:
     """The shared ``redis-server`` of this test process."""
     return shared_redis_server()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A ``redis-server`` of this test alone, which it may freeze."""
+    server = RedisServer(tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def unique_prefix() -> str:

@@ -197,29 +197,6 @@ def assert_not_slowed(sick: Turn, healthy: Turn, answer: str = TEXT) -> None:
 # -- a server frozen with SIGSTOP ------------------------------------------------------
 
 
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    """A ``redis-server`` of this test alone, which it may freeze."""
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.process is not None:
-            server.process.send_signal(signal.SIGCONT)
-        server.stop()
-
-
-def freeze(server: RedisServer) -> None:
-    assert server.process is not None
-    server.process.send_signal(signal.SIGSTOP)
-
-
-def thaw(server: RedisServer) -> None:
-    assert server.process is not None
-    server.process.send_signal(signal.SIGCONT)
-
-
 def signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -275,12 +252,12 @@ async def test_a_frozen_server_costs_a_turn_one_warning_not_its_speed(
 @pytest.mark.slow
 @pytest.mark.redis
 async def test_checkpointing_resumes_within_the_turn_once_redis_answers_again(
-    drive: Drive, redis: RedisServer
+    drive: Drive, private_redis: RedisServer
 ) -> None:
     answer = words(160)  # about 2 s: frozen from 0.5 s until the turn has warned
     # The default socket timeout (5 s) outlasts the outage: the frozen call is
     # answered when Redis thaws instead of failing on its own.
-    store = warm(RedisStreamCheckpointStore(redis.url, prefix=unique_prefix()))
+    store = warm(RedisStreamCheckpointStore(private_redis.url, prefix=unique_prefix()))
     model = wrap(paced(answer, 2.0), store)
     turn = Turn(key="turn-recovers")
     thawed_with = -1  # characters the caller had when Redis answered again
@@ -288,11 +265,11 @@ async def test_checkpointing_resumes_within_the_turn_once_redis_answers_again(
 
     def outage() -> None:
         nonlocal thawed_with
-        freeze(redis)
+        private_redis.freeze()
         deadline = time.monotonic() + 5.0
         while WARNING not in turn.events and time.monotonic() < deadline:
             time.sleep(0.01)
-        thaw(redis)
+        private_redis.thaw()
         thawed_with = len(turn.text)
 
     sick = threading.Thread(target=outage)
@@ -310,7 +287,7 @@ async def test_checkpointing_resumes_within_the_turn_once_redis_answers_again(
     finally:
         if sick.ident is not None:
             sick.join()
-        thaw(redis)
+        private_redis.thaw()
 
     assert turn.text == answer
     assert turn.awaken["checkpoint_writes"] > 0

@@ -10,7 +10,6 @@ keep data across objects), which is what a new process builds.
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -466,29 +465,18 @@ def test_a_replay_is_reported_as_an_event(effects: Effects) -> None:
 # -- a store that is down or hung ----------------------------------------------------------
 
 
-@pytest.fixture
-def redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        if server.process is not None:
-            server.process.send_signal(signal.SIGCONT)
-        server.stop()
-
-
 @pytest.mark.slow
 @pytest.mark.redis
 async def test_a_hung_store_costs_a_tool_call_the_deadline_then_it_runs_with_a_warning(
-    redis: RedisServer, effects: Effects, mode: str
+    private_redis: RedisServer, effects: Effects, mode: str
 ) -> None:
-    store = RedisStreamCheckpointStore(redis.url, prefix=unique_prefix(), socket_timeout=5.0)
+    store = RedisStreamCheckpointStore(
+        private_redis.url, prefix=unique_prefix(), socket_timeout=5.0
+    )
     ledger = ToolLedger(store, deadline=0.2)
     ledger.wrap(make_pay(effects)).invoke(tool_call("warm"))  # connected
     events = Events()
-    assert redis.process is not None
-    redis.process.send_signal(signal.SIGSTOP)
+    private_redis.freeze()
     try:
         began = time.monotonic()
         answer = await call(
@@ -496,7 +484,7 @@ async def test_a_hung_store_costs_a_tool_call_the_deadline_then_it_runs_with_a_w
         )
         took = time.monotonic() - began
     finally:
-        redis.process.send_signal(signal.SIGCONT)
+        private_redis.thaw()
 
     assert answer.content == "paid 5"
     assert len(effects.lines) == 2
