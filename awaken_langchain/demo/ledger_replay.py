@@ -9,7 +9,7 @@ from pathlib import Path
 
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
-from awaken_langchain._session import Record, private_directory
+from awaken_langchain._session import Record
 from awaken_langchain.demo.agent import PACKING_LIST
 from awaken_langchain.demo.conversation import (
     A_AFTER_LEDGER,
@@ -18,9 +18,8 @@ from awaken_langchain.demo.conversation import (
     LEDGER_RESULT,
     Q_LEDGER,
 )
-from awaken_langchain.demo.replacement import stream_to_end
 from awaken_langchain.demo.stage import Stage, Step, StepResult, difference, is_token
-from awaken_langchain.demo.worker import Worker, spawn_worker
+from awaken_langchain.demo.worker import Worker, take_over, worker_pair
 
 HOLD_TIMEOUT = 60.0
 """Longest wait for worker 1 to reach the point where it is killed, in seconds."""
@@ -58,27 +57,14 @@ class LedgerReplayStep(Step):
             "after the append, before LangGraph saved the tool's result. A fresh worker "
             "resumes the thread: the tool ledger replays the result instead of appending again.",
         )
-        common = [
-            "--dir",
-            str(directory),
-            "--provider",
-            stage.provider,
-            "--base-url",
-            stage.base_url(),
-            "--thread",
-            stage.thread_id,
-            "--speed",
-            repr(stage.speed),
-        ]
-        logs = directory / "logs"
-        private_directory(logs)
         stage.screen.note("starting worker 1, and worker 2 on standby ...")
-        first = spawn_worker(
-            [*common, "--question", Q_LEDGER, "--hold-after-tool"], logs / "worker-f1.log"
-        )
-        second = spawn_worker([*common, "--standby"], logs / "worker-f2.log")
-        self.worker_1 = first
-        try:
+        with worker_pair(
+            stage,
+            ["--question", Q_LEDGER, "--hold-after-tool"],
+            [],
+            ("worker-f1", "worker-f2"),
+        ) as (first, second):
+            self.worker_1 = first
             stage.screen.user(Q_LEDGER)
             self._run_until_held(stage, result, first)
             self.effects_at_kill = _lines(effects)
@@ -91,16 +77,7 @@ class LedgerReplayStep(Step):
                 "bold red",
             )
             result.records.append({"type": "killed"})
-            stage.screen.note(
-                f"worker 2 (pid {second.process.pid}, a fresh process) resumes the thread ..."
-            )
-            second.go()
-            stage.screen.answer_follows()
-            self.worker_2_records = stream_to_end(stage, result, second)
-            stage.screen.note("")
-        finally:
-            first.stop()
-            second.stop()
+            self.worker_2_records = take_over(stage, result, second, "resumes the thread")
 
     def _run_until_held(self, stage: Stage, result: StepResult, worker: Worker) -> None:
         deadline = time.monotonic() + HOLD_TIMEOUT

@@ -6,12 +6,12 @@ import queue
 import signal
 import time
 
-from awaken_langchain._session import Record, private_directory
+from awaken_langchain._session import Record
 from awaken_langchain.checkpoint import StreamCheckpoint
 from awaken_langchain.demo.conversation import A_REPLACE, Q_REPLACE
 from awaken_langchain.demo.scripted import ScriptedModel, events_before_text, is_continuation_of
 from awaken_langchain.demo.stage import Stage, Step, StepResult, difference, is_token
-from awaken_langchain.demo.worker import Worker, spawn_worker
+from awaken_langchain.demo.worker import Worker, take_over, worker_pair
 from awaken_langchain.recovery import estimate_tokens
 from awaken_langchain.testing.server import Fault
 
@@ -51,34 +51,17 @@ class ReplacementStep(Step):
             "A worker process streams the answer; it is killed with SIGKILL mid-answer, and "
             "a fresh worker process finishes the same turn from its checkpoint.",
         )
-        common = [
-            "--dir",
-            str(stage.settings.directory),
-            "--provider",
-            stage.provider,
-            "--base-url",
-            stage.base_url(),
-            "--thread",
-            stage.thread_id,
-            "--speed",
-            repr(stage.speed),
-        ]
-        logs = stage.settings.directory / "logs"
-        private_directory(logs)
-        second_args = [*common, "--standby"]
+        second_args = []
         if stage.settings.inject_failure == "replacement":
-            second_args += [
-                "--checkpoints",
-                str(stage.settings.directory / "checkpoints-elsewhere"),
-            ]
+            second_args = ["--checkpoints", str(stage.settings.directory / "checkpoints-elsewhere")]
         stage.screen.note(
             "starting worker 1, and worker 2 on standby (it loads its libraries, then waits "
             "without touching the turn) ..."
         )
-        first = spawn_worker([*common, "--question", Q_REPLACE], logs / "worker-1.log")
-        second = spawn_worker(second_args, logs / "worker-2.log")
-        self.worker_1 = first
-        try:
+        with worker_pair(
+            stage, ["--question", Q_REPLACE], second_args, ("worker-1", "worker-2")
+        ) as (first, second):
+            self.worker_1 = first
             stage.screen.user(Q_REPLACE)
             shown = self._stream_until_killed(stage, result, first)
             self.killed_shown = shown
@@ -93,16 +76,7 @@ class ReplacementStep(Step):
             )
             result.records.append({"type": "killed", "shown": shown})
             stage.pause(0.5)
-            stage.screen.note(
-                f"worker 2 (pid {second.process.pid}, a fresh process) takes over ..."
-            )
-            second.go()
-            stage.screen.answer_follows()
-            self.worker_2_records = stream_to_end(stage, result, second)
-            stage.screen.note("")
-        finally:
-            first.stop()
-            second.stop()
+            self.worker_2_records = take_over(stage, result, second, "takes over")
 
     def _stream_until_killed(self, stage: Stage, result: StepResult, worker: Worker) -> int:
         """Show the worker's stream; SIGKILL it once a checkpoint holds part of it."""
@@ -192,25 +166,3 @@ class ReplacementStep(Step):
         )
         result.restart_tokens = estimate_tokens(shown)
         result.regenerated_tokens = estimate_tokens(max(0, shown - len(saved))) + seam
-
-
-def stream_to_end(stage: Stage, result: StepResult, worker: Worker) -> list[Record]:
-    """Show a worker's records (as worker 2's) until it exits; return them."""
-    records: list[Record] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            record = worker.records.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        if record is None:
-            break
-        records.append(record)
-        result.records.append({**record, "worker": 2})
-        stage.screen.record(record)
-        if record.get("type") == "error":
-            stage.screen.note(f"worker 2: {record.get('message')}", "bold red")
-    else:
-        worker.process.kill()
-    worker.process.wait(timeout=30)
-    return records

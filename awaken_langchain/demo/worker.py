@@ -13,14 +13,18 @@ import queue
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from awaken_langchain._extras import require_agents, require_provider
-from awaken_langchain._session import Record, run_turn
+from awaken_langchain._session import Record, private_directory, run_turn
 from awaken_langchain.demo.agent import MODEL_NAMES, build_agent
+
+if TYPE_CHECKING:
+    from awaken_langchain.demo.stage import Stage, StepResult
 
 
 def worker_main(argv: Sequence[str] | None = None) -> int:
@@ -146,3 +150,66 @@ def spawn_worker(args: Sequence[str], log_path: Path) -> Worker:
     assert process.stdout is not None
     threading.Thread(target=read, args=(process.stdout,), daemon=True).start()
     return Worker(process, records, log_path)
+
+
+@contextlib.contextmanager
+def worker_pair(
+    stage: Stage, first: Sequence[str], second: Sequence[str], logs: Sequence[str]
+) -> Iterator[tuple[Worker, Worker]]:
+    """Start worker 1 on the demo's thread, and worker 2 on standby; stop both after.
+
+    Args:
+        stage: The demo run (its directory, provider, loopback provider and thread).
+        first: Worker 1's own arguments (its question, ...).
+        second: Worker 2's own arguments besides ``--standby``.
+        logs: The two workers' log names, under ``logs/`` of the demo's directory.
+    """
+    common = [
+        "--dir",
+        str(stage.settings.directory),
+        "--provider",
+        stage.provider,
+        "--base-url",
+        stage.base_url(),
+        "--thread",
+        stage.thread_id,
+        "--speed",
+        repr(stage.speed),
+    ]
+    directory = stage.settings.directory / "logs"
+    private_directory(directory)
+    worker_1 = spawn_worker([*common, *first], directory / f"{logs[0]}.log")
+    try:
+        worker_2 = spawn_worker([*common, "--standby", *second], directory / f"{logs[1]}.log")
+        try:
+            yield worker_1, worker_2
+        finally:
+            worker_2.stop()
+    finally:
+        worker_1.stop()
+
+
+def take_over(stage: Stage, result: StepResult, worker: Worker, doing: str) -> list[Record]:
+    """Let worker 2 go (it ``doing`` the turn) and show its records until it exits."""
+    stage.screen.note(f"worker 2 (pid {worker.process.pid}, a fresh process) {doing} ...")
+    worker.go()
+    stage.screen.answer_follows()
+    records: list[Record] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            record = worker.records.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if record is None:
+            break
+        records.append(record)
+        result.records.append({**record, "worker": 2})
+        stage.screen.record(record)
+        if record.get("type") == "error":
+            stage.screen.note(f"worker 2: {record.get('message')}", "bold red")
+    else:
+        worker.process.kill()
+    worker.process.wait(timeout=30)
+    stage.screen.note("")
+    return records
