@@ -25,7 +25,8 @@ until each chunk is due. Per turn they measure:
   waits a turn makes at its start (claim) and its end (closing write), apart;
 - checkpoint lag: from the moment a chunk reached the wrapper to the return of
   the store commit (``put_many`` or ``put``) of a checkpoint containing it;
-- lateness: how long after its due time the caller received each chunk;
+- lateness: how long after its due time the caller received each chunk
+  (goal: a store adds at most 20 ms to the bare stream's p99 in the same case);
 - CPU per chunk of the process (all threads, the writer's too);
 - put CPU: the committing thread's CPU per checkpoint, the part of it spent in
   garbage collections that began during a commit (set off by an allocation
@@ -468,10 +469,30 @@ def paced(
         )
     )
     print()
+    print(lateness_goal_line(rows))
+    print()
     for r in rows:
         if r.ok != r.turns or r.left:
             raise RuntimeError(f"{r.case} on {r.store}: a turn lost its text or its checkpoint")
     return rows
+
+
+LATENESS_GOAL_MS = 20.0
+"""Most a checkpointing store may add to the bare stream's chunk lateness p99, per case."""
+
+
+def lateness_goal_line(rows: list[PacedRow]) -> str:
+    """Whether every store's turns were late at p99 by at most `LATENESS_GOAL_MS` more than
+    the bare turns of the same case."""
+    bare = {r.case: r.late_p99_ms for r in rows if r.store == "bare"}
+    checked = [r for r in rows if r.store != "bare" and r.case in bare]
+    added = {(r.case, r.store): r.late_p99_ms - bare[r.case] for r in checked}
+    verdict = "met" if all(ms <= LATENESS_GOAL_MS for ms in added.values()) else "not met"
+    figures = ", ".join(f"{case} {store} {ms:+.1f} ms" for (case, store), ms in added.items())
+    return (
+        f"Goal: chunk lateness p99 at most {LATENESS_GOAL_MS:g} ms over the bare stream's: "
+        f"{verdict} ({figures})."
+    )
 
 
 @dataclass

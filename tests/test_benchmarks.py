@@ -223,7 +223,9 @@ def test_paced_benchmark_measures_store_waits_and_checkpoint_lag(
         assert row.lag_p50_ms > 0
         assert row.set_floor_us is not None
         assert row.set_floor_us > 0
-    assert "lag p99 ms" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "lag p99 ms" in out
+    assert "Goal: chunk lateness p99 at most 20 ms over the bare stream's: " in out
 
 
 @pytest.mark.slow
