@@ -1100,8 +1100,16 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
         plan = self._prepare_put(checkpoint)
-        with self._backend_errors("put", plan.run_id):  # a backend's own message, redacted
-            stored = self._put_plan(plan)
+        if type(self)._backend_errors is not _PLAIN_BACKEND_ERRORS:  # the backend's own
+            with self._backend_errors("put", plan.run_id):  # a backend's own message, redacted
+                stored = self._put_plan(plan)
+        else:  # the same, without a generator and its context manager on every put
+            try:
+                stored = self._put_plan(plan)
+            except StreamCheckpointError:
+                raise
+            except Exception as exc:
+                raise self._backend_error("put", plan.run_id, exc) from exc
         self._finish_put(plan, stored)
 
     def put_many(
@@ -1261,9 +1269,19 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         except StreamCheckpointError:
             raise
         except Exception as exc:
-            raise StreamCheckpointError(
-                f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
-            ) from exc
+            raise self._backend_error(action, run_id, exc) from exc
+
+    def _backend_error(
+        self, action: str, run_id: str | None, exc: Exception
+    ) -> StreamCheckpointError:
+        """The error a backend exception raised by ``action`` becomes."""
+        return StreamCheckpointError(
+            f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
+        )
+
+
+_PLAIN_BACKEND_ERRORS = DeltaCheckpointStore._backend_errors
+"""The base class's `DeltaCheckpointStore._backend_errors`, which `put` writes out inline."""
 
 
 class PerLoop(Generic[R]):
