@@ -489,6 +489,34 @@ class Head:
         return dataclasses.replace(self, extra=extra)
 
 
+def unsigned_head(
+    run_id: str, fields: Mapping[str, Any], text_bytes: int, write_id: str, extra: Mapping[str, Any]
+) -> Head:
+    """``Head(run_id, fields, text_bytes, write_id, extra)``, built directly.
+
+    The frozen dataclass's ``__init__`` sets each of the seven fields through
+    ``object.__setattr__``; a put that appends builds one head per put.
+    """
+    head = object.__new__(Head)
+    _set_head_attribute(
+        head,
+        "__dict__",
+        {
+            "run_id": run_id,
+            "fields": fields,
+            "text_bytes": text_bytes,
+            "write_id": write_id,
+            "extra": extra,
+            "text_sha256": None,
+            "signature": None,
+        },
+    )
+    return head
+
+
+_set_head_attribute = object.__setattr__
+
+
 def decode_head(data: bytes | str, *, run_id: str) -> Head:
     """Decode and validate a head written by :meth:`Head.encode`.
 
@@ -896,7 +924,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         if last is None or delta is None:
             return None
         data, text_hash, _ = delta
-        head = Head(
+        head = unsigned_head(
             plan.run_id,
             plan.fields,
             last.text_bytes + len(data),
