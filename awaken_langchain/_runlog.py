@@ -1453,8 +1453,8 @@ class Tap:
             if type(item) is AIMessageChunk and not skip[0]:
                 # the common chunk, text and nothing more, read without a call
                 fields = item.__dict__
-                content = fields["content"]
-                if type(content) is str and not fields["tool_call_chunks"]:
+                content = fields.get("content")
+                if type(content) is str and not fields.get("tool_call_chunks"):
                     if content:
                         found.append(content)
                     continue
