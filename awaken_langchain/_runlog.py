@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from langchain_core.messages import AIMessage, BaseMessageChunk, message_to_dict
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk, message_to_dict
 from langchain_core.outputs import ChatGenerationChunk
 
 from awaken_langchain.checkpoint import StreamCheckpointStore
@@ -393,10 +393,23 @@ class DirectoryRunLog(RunLog):
         self._lock = threading.Lock()
         self._swept = 0.0
         self._watcher: _FileWatcher | None = None
+        self._stems: dict[str, str] = {}
+        """Per run: its files' path without the suffix (a publisher writes them at every wake)."""
 
     def _path(self, run_id: str, suffix: str) -> Path:
-        stem = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
-        return self.directory / f"{stem}{suffix}"
+        return Path(self._file(run_id, suffix))
+
+    def _file(self, run_id: str, suffix: str) -> str:
+        """The path of one of the run's files, as a string (its stem hashed once per run)."""
+        stem = self._stems.get(run_id)
+        if stem is None:
+            digest = hashlib.sha256(run_id_bytes(run_id)).hexdigest()
+            stem = os.path.join(self.directory, digest)
+            with self._lock:
+                self._stems[run_id] = stem
+                if len(self._stems) > 1024:
+                    self._stems.pop(next(iter(self._stems)))
+        return stem + suffix
 
     def _make(self) -> None:
         if not self._made:
@@ -405,7 +418,7 @@ class DirectoryRunLog(RunLog):
 
     def append(self, run_id: str, events: Sequence[bytes]) -> int:
         self._make()
-        fd = open_no_follow(self._path(run_id, ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        fd = open_no_follow(self._file(run_id, ".log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             os.write(fd, b"".join(event + b"\n" for event in events))
         finally:
@@ -479,7 +492,7 @@ class DirectoryRunLog(RunLog):
             self._made = False
 
     def stop_requested(self, run_id: str) -> bool:
-        return self._path(run_id, ".stop").exists()
+        return os.path.exists(self._file(run_id, ".stop"))
 
     def watch(self, run_id: str) -> None:
         """Mark the run as followed for `WATCH_FOR` seconds."""
@@ -490,7 +503,7 @@ class DirectoryRunLog(RunLog):
 
     def followed(self, run_id: str) -> bool:
         try:
-            return time.time() - self._path(run_id, ".watch").stat().st_mtime < WATCH_FOR
+            return time.time() - os.stat(self._file(run_id, ".watch")).st_mtime < WATCH_FOR
         except FileNotFoundError:
             return False
 
@@ -1307,9 +1320,13 @@ def has_run_log(store: StreamCheckpointStore) -> bool:
 # -- the producer -----------------------------------------------------------------------
 
 
+_EVENT_ENCODER = json.JSONEncoder(ensure_ascii=False, default=str)
+"""What ``json.dumps(..., ensure_ascii=False, default=str)`` builds anew on every call."""
+
+
 def encode_event(kind: str, data: dict[str, Any]) -> bytes:
     """One event as the log holds it (JSON, never pickle)."""
-    return json.dumps({"type": kind, "data": data}, ensure_ascii=False, default=str).encode()
+    return _EVENT_ENCODER.encode({"type": kind, "data": data}).encode()
 
 
 def _chunk_items(chunk: BaseMessageChunk, skip: list[int], into: list[str | bytes]) -> None:
@@ -1431,7 +1448,16 @@ class Tap:
 
     def _events(self, items: list[Any]) -> list[bytes]:
         found: list[str | bytes] = []
+        skip = self._skip
         for item in items:
+            if type(item) is AIMessageChunk and not skip[0]:
+                # the common chunk, text and nothing more, read without a call
+                fields = item.__dict__
+                content = fields.get("content")
+                if type(content) is str and not fields.get("tool_call_chunks"):
+                    if content:
+                        found.append(content)
+                    continue
             if isinstance(item, ChatGenerationChunk):
                 item = item.message
             if isinstance(item, BaseMessageChunk):

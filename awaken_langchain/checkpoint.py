@@ -312,15 +312,20 @@ class GrowingText:
         joined = self._joined
         if joined is not None:
             return joined[len(joined) - chars :] if chars < len(joined) else joined
-        parts, index, taken = self._parts, self._count, 0
-        pieces: list[str] = []
-        while index > 0 and taken < chars:
-            index -= 1
-            piece = parts[index]
-            pieces.append(piece)
-            taken += len(piece)
-        pieces.reverse()
-        tail = "".join(pieces)
+        # the last pieces, joined a slice at a time: each slice is as many pieces as
+        # the average so far says are missing (at least as many again as held), so
+        # a few joins cover the tail, not one step of the interpreter per piece
+        parts, end = self._parts, self._count
+        start = max(0, end - 1)
+        tail = "".join(parts[start:end])
+        while len(tail) < chars and start > 0:
+            held = end - start
+            missing = chars - len(tail)
+            more = max(held, -(-missing * held // len(tail)) if tail else held)
+            earlier = max(0, start - more)
+            tail = "".join(parts[earlier:start]) + tail
+            start = earlier
+        taken = len(tail)
         if taken >= chars:
             return tail[taken - chars :]
         base = self._base

@@ -132,7 +132,10 @@ class CheckpointWriter:
         self.store = store
         self._clock = clock
         self._gather = gather
-        self._cond = threading.Condition()
+        self._mutex = threading.RLock()
+        """Held for every look at the writer's state (a `Condition`'s own ``with`` is two
+        interpreted calls more, on every hand-over)."""
+        self._cond = threading.Condition(self._mutex)
         self._puts: dict[str, StreamCheckpoint | DeferredCheckpoint] = {}
         self._ops: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._failed: dict[str, StreamCheckpointError] = {}
@@ -198,7 +201,7 @@ class CheckpointWriter:
         measurable.
         """
         run_id = checkpoint.run_id
-        with self._cond:
+        with self._mutex:
             self._runs.add(run_id)
             if self._here():
                 now = time.monotonic()
@@ -251,7 +254,7 @@ class CheckpointWriter:
         microseconds and cannot hang.
         """
         future: Future[T] = Future()
-        with self._cond:
+        with self._mutex:
             if (self._inline or self._call_now is not None) and self._idle():
                 puts = self._puts
                 if closes is not None:
@@ -305,7 +308,7 @@ class CheckpointWriter:
 
     def problem(self, run_id: str, deadline: float) -> StreamCheckpointError | None:
         """Why writes of ``run_id`` are not reaching the store now, or ``None``."""
-        with self._cond:
+        with self._mutex:
             failed = self._failed.get(run_id)
             busy = self._busy_since
         if failed is not None:
@@ -320,7 +323,7 @@ class CheckpointWriter:
         A write of the run still pending is committed as usual, but its outcome
         is no longer kept: nobody will ask for it.
         """
-        with self._cond:
+        with self._mutex:
             self._runs.discard(run_id)
             self._failed.pop(run_id, None)
             self._written.pop(run_id, None)
@@ -328,7 +331,7 @@ class CheckpointWriter:
     def flush(self, timeout: float) -> bool:
         """Wait until every write handed over so far has been attempted; ``False`` on timeout."""
         until = time.monotonic() + timeout
-        with self._cond:
+        with self._mutex:
             if (
                 self._puts  # left by `submit` for a later hand-over or a loop's timer
                 and (self._inline or self._put_now is not None)
@@ -346,7 +349,7 @@ class CheckpointWriter:
     @property
     def pending(self) -> int:
         """Runs and operations not yet handed to the store."""
-        with self._cond:
+        with self._mutex:
             return len(self._puts) + len(self._ops)
 
     # -- the thread -------------------------------------------------------------------
@@ -361,7 +364,7 @@ class CheckpointWriter:
     def _idle(self) -> bool:
         """Whether the writer thread has no operation queued and no batch under way.
 
-        Work may then run on the calling thread (which holds ``_cond``) without
+        Work may then run on the calling thread (which holds ``_mutex``) without
         overtaking anything the thread was given.
         """
         return not self._ops and self._busy_since is None
@@ -383,7 +386,7 @@ class CheckpointWriter:
         self._last = max(self._last, time.monotonic())  # a thread's start counts as a batch
         dense = False  # checkpoints kept arriving while the last batch gathered
         while True:
-            with self._cond:
+            with self._mutex:
                 if dense and not self._ops:
                     # More are likely on their way: look again after one gathering time,
                     # on a timer, so that a stream handing one over does not wake this
@@ -450,7 +453,7 @@ class CheckpointWriter:
                 # finds the writer idle, and a writer thread that has to wait for the
                 # GIL (an event loop reading the network keeps taking it back) does not
                 # hold the turn's next writes up meanwhile
-                with self._cond:
+                with self._mutex:
                     self._busy_since = None
                 for settle in outcomes:
                     settle()
@@ -465,7 +468,7 @@ class CheckpointWriter:
         context switches each time that thread wakes during a fast stream).
         """
         loop = _running_loop()
-        with self._cond:
+        with self._mutex:
             if loop is not None:
                 self._timers.pop(loop, None)
             if not self._puts or not self._idle():
@@ -488,7 +491,7 @@ class CheckpointWriter:
     def _commit_here(self) -> bool:
         """Commit every pending checkpoint on the calling thread, if the store can start now.
 
-        The caller holds ``_cond``, so the writer thread cannot take a batch
+        The caller holds ``_mutex``, so the writer thread cannot take a batch
         meanwhile; the store answers at once or has `put_many_now`. Returns
         whether the batch was committed (or failed); if the store could not
         start without waiting, the checkpoints stay pending for the writer
@@ -509,7 +512,7 @@ class CheckpointWriter:
                 assert self._put_now is not None
                 errors = self._put_now(puts)
                 if errors is None:  # the store was busy: nothing was written
-                    with self._cond:
+                    with self._mutex:
                         for put in puts:
                             self._puts.setdefault(put.run_id, put)
                     return False
@@ -520,7 +523,7 @@ class CheckpointWriter:
         except Exception as exc:  # a store must raise StreamCheckpointError; never die here
             wrapped = StreamCheckpointError(f"{type(self.store).__name__}.put failed", cause=exc)
             errors = [wrapped] * len(taken)
-        with self._cond:
+        with self._mutex:
             for checkpoint, error in zip(taken, errors, strict=True):
                 if error is None:
                     self._failed.pop(checkpoint.run_id, None)

@@ -489,6 +489,34 @@ class Head:
         return dataclasses.replace(self, extra=extra)
 
 
+def unsigned_head(
+    run_id: str, fields: Mapping[str, Any], text_bytes: int, write_id: str, extra: Mapping[str, Any]
+) -> Head:
+    """``Head(run_id, fields, text_bytes, write_id, extra)``, built directly.
+
+    The frozen dataclass's ``__init__`` sets each of the seven fields through
+    ``object.__setattr__``; a put that appends builds one head per put.
+    """
+    head = object.__new__(Head)
+    _set_head_attribute(
+        head,
+        "__dict__",
+        {
+            "run_id": run_id,
+            "fields": fields,
+            "text_bytes": text_bytes,
+            "write_id": write_id,
+            "extra": extra,
+            "text_sha256": None,
+            "signature": None,
+        },
+    )
+    return head
+
+
+_set_head_attribute = object.__setattr__
+
+
 def decode_head(data: bytes | str, *, run_id: str) -> Head:
     """Decode and validate a head written by :meth:`Head.encode`.
 
@@ -896,7 +924,7 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         if last is None or delta is None:
             return None
         data, text_hash, _ = delta
-        head = Head(
+        head = unsigned_head(
             plan.run_id,
             plan.fields,
             last.text_bytes + len(data),
@@ -1100,8 +1128,16 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
         plan = self._prepare_put(checkpoint)
-        with self._backend_errors("put", plan.run_id):  # a backend's own message, redacted
-            stored = self._put_plan(plan)
+        if type(self)._backend_errors is not _PLAIN_BACKEND_ERRORS:  # the backend's own
+            with self._backend_errors("put", plan.run_id):  # a backend's own message, redacted
+                stored = self._put_plan(plan)
+        else:  # the same, without a generator and its context manager on every put
+            try:
+                stored = self._put_plan(plan)
+            except StreamCheckpointError:
+                raise
+            except Exception as exc:
+                raise self._backend_error("put", plan.run_id, exc) from exc
         self._finish_put(plan, stored)
 
     def put_many(
@@ -1261,9 +1297,19 @@ class DeltaCheckpointStore(StreamCheckpointStore):
         except StreamCheckpointError:
             raise
         except Exception as exc:
-            raise StreamCheckpointError(
-                f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
-            ) from exc
+            raise self._backend_error(action, run_id, exc) from exc
+
+    def _backend_error(
+        self, action: str, run_id: str | None, exc: Exception
+    ) -> StreamCheckpointError:
+        """The error a backend exception raised by ``action`` becomes."""
+        return StreamCheckpointError(
+            f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
+        )
+
+
+_PLAIN_BACKEND_ERRORS = DeltaCheckpointStore._backend_errors
+"""The base class's `DeltaCheckpointStore._backend_errors`, which `put` writes out inline."""
 
 
 class PerLoop(Generic[R]):

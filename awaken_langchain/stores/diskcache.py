@@ -259,6 +259,20 @@ _KEY_ROWS = "SELECT key, raw FROM Cache ORDER BY rowid"
 """Every stored key as diskcache keeps it: the encoded key and whether it is raw (not pickled)."""
 
 
+class _Waits(threading.local):
+    """A thread's lock waits: unset attributes read as ``None`` from the class.
+
+    Reading an attribute a thread never set from a plain ``threading.local``
+    raises and discards an ``AttributeError`` (formatting its message), which
+    the writer thread would pay on every transaction.
+    """
+
+    seconds: float | None = None
+    """Seconds this thread's transactions may wait for a lock (``None``: the store's)."""
+    polling: sqlite3.Connection | None = None
+    """The connection whose busy timeout is left at 0 (WAL), if any."""
+
+
 class _Cache(diskcache.Cache):  # type: ignore[misc]
     """diskcache's Cache, plus row-level access and transactions that poll for the lock.
 
@@ -271,7 +285,7 @@ class _Cache(diskcache.Cache):  # type: ignore[misc]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._waits = threading.local()
+        self._waits = _Waits()
 
     @property
     def _con(self) -> sqlite3.Connection:
