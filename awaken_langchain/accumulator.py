@@ -766,7 +766,7 @@ class TurnAccumulator:
             if _ends_turn(metadata):
                 return False
             self._merge_metadata(metadata)
-            self._merged_last = metadata
+            self._merged_last = dict(metadata)  # as merged, whatever becomes of the chunk's
         self.chunks_in_attempt += 1
         self._text_parts.append(content)
         if self.blocks:

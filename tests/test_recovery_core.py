@@ -299,3 +299,20 @@ def test_the_turns_metadata_is_every_chunks_merged_in_order_whichever_path_takes
     released += acc.end_of_turn()
     assert "".join(str(c.content) for c in released) == "".join(t for t, _, _ in chunks)
     assert acc.response_metadata == expected
+
+
+def test_a_text_chunk_ends_the_turn_though_its_metadata_is_an_earlier_chunks_dict_changed() -> None:
+    acc = TurnAccumulator("turn-id")
+    shared: dict[str, object] = {"model_provider": "openai"}
+
+    def chunk(text: str) -> ChatGenerationChunk:
+        message = AIMessageChunk(content=text)
+        message.response_metadata = shared  # an integration that reuses one dict
+        return gen(message)
+
+    acc.feed(gen(AIMessageChunk(content="Hello ")))
+    acc.feed(chunk("there"))
+    shared["finish_reason"] = "stop"
+    acc.feed(chunk("."))
+    assert acc.terminal
+    assert acc.response_metadata == {"model_provider": "openai", "finish_reason": "stop"}
