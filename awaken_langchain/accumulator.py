@@ -389,10 +389,11 @@ class TurnAccumulator:
         self._next_index = 0
         self.usage: UsageMetadata | None = None
         self.response_metadata: dict[str, Any] = {}
+        self._merged_last: dict[str, Any] | None = None
+        """The metadata `take_text` merged last, if nothing was merged since."""
         self.additional_kwargs: dict[str, Any] = {}
         self.terminal = False
         self.chunks_in_attempt = 0
-        self.emitted_in_attempt = 0
         self.discarded_chars = 0
         self._seam: SeamFilter | None = None
         self._removed_at_seams = 0
@@ -552,7 +553,6 @@ class TurnAccumulator:
         self._next_index = max(calls, default=-1) + 1
         self.terminal = False
         self.chunks_in_attempt = 0
-        self.emitted_in_attempt = 0
         if self._seam is not None:
             self._removed_at_seams += self._seam.removed_chars
         self._seam = SeamFilter(self.text) if continuing and self.text and not exact else None
@@ -564,11 +564,9 @@ class TurnAccumulator:
         message object, given the turn's id and stripped of its per-chunk
         metadata; callers may then pass on ``generation`` itself.
         """
+        if self.take_text(generation):
+            return [cast(AIMessageChunk, generation.message)]
         self.chunks_in_attempt += 1
-        plain = self._plain_text(generation)
-        if plain is not None:
-            self.emitted_in_attempt += 1
-            return [plain]
         message = generation.message
         out: list[AIMessageChunk] = []
         content = message.content
@@ -614,7 +612,6 @@ class TurnAccumulator:
                 self._release_held(out)
             for index in sorted(self._open):
                 self._close_call(self._open.pop(index), out, interrupted=False)
-        self.emitted_in_attempt += len(out)
         return out
 
     def end_of_text(self) -> list[AIMessageChunk]:
@@ -719,17 +716,22 @@ class TurnAccumulator:
 
     # -- internals --------------------------------------------------------------------
 
-    def _plain_text(self, generation: ChatGenerationChunk) -> AIMessageChunk | None:
-        """Take a chunk that carries nothing but text, reusing its message; else ``None``.
+    def take_text(self, generation: ChatGenerationChunk) -> bool:
+        """Take a chunk that carries nothing but text, to be passed on as it is.
 
-        Building a new chunk per token costs as much as the inner model's own
-        chunk; a text-only chunk needs no rewriting beyond its id and metadata,
+        Returns whether the chunk was taken; `feed` takes any other. Building a
+        new chunk per token costs as much as the inner model's own chunk; a
+        text-only chunk needs no rewriting beyond its message's id and metadata,
         which `feed` would drop from the yielded chunk anyway (the metadata is
-        merged into the turn's, as `feed` does).
+        merged into the turn's, as `feed` does). Its message is changed in
+        place, so callers pass on ``generation`` itself.
 
         The fields are read from the models' ``__dict__``: reading an attribute
         of a pydantic model goes through its ``__getattr__`` hook, which the
-        interpreter cannot specialize, and this runs for every chunk.
+        interpreter cannot specialize, and this runs for every chunk. The
+        metadata of a chunk equal to the last one merged here (each chunk of
+        the OpenAI and Anthropic integrations names its provider) is known to
+        be merged already and not to end the turn.
         """
         if (
             self.terminal
@@ -739,12 +741,12 @@ class TurnAccumulator:
             or self._pending
             or (self._seam is not None and self._seam.active)
         ):
-            return None
+            return False
         try:
             outer = generation.__dict__
             message = outer["message"]
             if type(message) is not AIMessageChunk or outer["generation_info"]:
-                return None
+                return False
             fields = message.__dict__
             if (
                 fields["tool_call_chunks"]
@@ -753,18 +755,19 @@ class TurnAccumulator:
                 or fields["chunk_position"] is not None
                 or fields["name"] is not None
             ):
-                return None
+                return False
             content = fields["content"]
             metadata = fields["response_metadata"]
         except KeyError:  # not pydantic's layout: the general path
-            return None
+            return False
         if type(content) is not str or not content:
-            return None
-        if metadata:  # every chunk of the OpenAI and Anthropic integrations names its provider
+            return False
+        if metadata and metadata != self._merged_last:
             if _ends_turn(metadata):
-                return None
-            if not metadata.items() <= self.response_metadata.items():  # else merged already
-                self._merge_metadata(metadata)
+                return False
+            self._merge_metadata(metadata)
+            self._merged_last = dict(metadata)  # as merged, whatever becomes of the chunk's
+        self.chunks_in_attempt += 1
         self._text_parts.append(content)
         if self.blocks:
             self._content = _with_text(self._content, content)
@@ -779,7 +782,7 @@ class TurnAccumulator:
             message.id = self.message_id
             if metadata:
                 message.response_metadata = {}
-        return message
+        return True
 
     def _emit_text(self, text: str, out: list[AIMessageChunk]) -> None:
         """Release ``text``, or hold it back while it could still be discarded."""
@@ -1175,6 +1178,7 @@ class TurnAccumulator:
     def _merge_metadata(self, metadata: dict[str, Any] | None) -> None:
         if not metadata:
             return
+        self._merged_last = None  # `take_text` merges a chunk's metadata again after this
         merged = self.response_metadata
         for key, value in metadata.items():  # as chunk addition merges them
             if key != "awaken" and (value is not None or key not in merged):

@@ -391,6 +391,19 @@ class TurnEngine:
             )
         return list(self.messages)
 
+    def on_text(self, generation: ChatGenerationChunk) -> bool | None:
+        """`on_chunk` for a chunk of nothing but text, which the driver yields as it is.
+
+        Returns whether to checkpoint now, or ``None`` when the chunk is not
+        such a chunk: nothing was taken, and `on_chunk` takes it. Most chunks
+        of an answer are text; this path builds no list or tuple for them.
+        """
+        if self.reshape is not None or self.provider is not None:
+            return None
+        if not self.acc.take_text(generation):
+            return None
+        return self.checkpointing and self.cadence.observe()
+
     def on_chunk(self, generation: ChatGenerationChunk) -> tuple[list[AIMessageChunk], bool]:
         """Feed one inner chunk; return the chunks to yield and whether to checkpoint now."""
         if self.reshape is not None:

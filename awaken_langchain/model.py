@@ -852,15 +852,21 @@ class RecoveringChatModel(BaseChatModel):
                     try:
                         stopping = tap is not None and tap.stopping
                         for generation in self._inner_chunks(engine, request):
-                            out, due = engine.on_chunk(generation)
-                            if tap is not None:
-                                tap.pending.extend(out)
-                            for chunk in out:  # a chunk passed on whole keeps its generation
-                                yield (
-                                    generation
-                                    if chunk is generation.message
-                                    else ChatGenerationChunk(message=chunk)
-                                )
+                            due = engine.on_text(generation)
+                            if due is None:
+                                out, due = engine.on_chunk(generation)
+                                if tap is not None:
+                                    tap.pending.extend(out)
+                                for chunk in out:  # a chunk passed on whole keeps its generation
+                                    yield (
+                                        generation
+                                        if chunk is generation.message
+                                        else ChatGenerationChunk(message=chunk)
+                                    )
+                            else:  # text passed on whole, the most common chunk
+                                if tap is not None:
+                                    tap.pending.append(generation.message)
+                                yield generation
                             if due:
                                 for report in self._hand_over(engine, engine.snapshot()):
                                     reporter.report(report)
@@ -1070,15 +1076,21 @@ class RecoveringChatModel(BaseChatModel):
                     try:
                         stopping = tap is not None and tap.stopping
                         async for generation in await self._ainner_chunks(engine, request):
-                            out, due = engine.on_chunk(generation)
-                            if tap is not None:
-                                tap.pending.extend(out)
-                            for chunk in out:  # a chunk passed on whole keeps its generation
-                                yield (
-                                    generation
-                                    if chunk is generation.message
-                                    else ChatGenerationChunk(message=chunk)
-                                )
+                            due = engine.on_text(generation)
+                            if due is None:
+                                out, due = engine.on_chunk(generation)
+                                if tap is not None:
+                                    tap.pending.extend(out)
+                                for chunk in out:  # a chunk passed on whole keeps its generation
+                                    yield (
+                                        generation
+                                        if chunk is generation.message
+                                        else ChatGenerationChunk(message=chunk)
+                                    )
+                            else:  # text passed on whole, the most common chunk
+                                if tap is not None:
+                                    tap.pending.append(generation.message)
+                                yield generation
                             if due:
                                 for report in self._ahand_over(engine, engine.snapshot()):
                                     await reporter.areport(report)

@@ -413,6 +413,43 @@ def _paced(server: LoopbackProvider) -> None:
     server.enqueue(Scenario(text=ANSWER, chunk_size=4, delay=0.05))  # about a second
 
 
+@ASYNC
+async def test_text_chunks_reach_the_caller_as_the_inner_models_own_messages(
+    provider: str,
+    mode: str,
+    server: LoopbackProvider,
+    sleeps: Sleeps,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a copy of every chunk would cost the caller as much as the inner model's own chunk
+    made: list[Any] = []
+    model = wrapper(provider, server, sleeps)
+    cls = type(model.model)
+    stream, astream = cls._stream, cls._astream
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        inner = stream(self, *args, **kwargs)  # a local: the wrapper finds its socket
+        for generation in inner:
+            made.append(generation.message)
+            yield generation
+
+    async def arecorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        async for generation in astream(self, *args, **kwargs):
+            made.append(generation.message)
+            yield generation
+
+    monkeypatch.setattr(cls, "_stream", recorded)
+    monkeypatch.setattr(cls, "_astream", arecorded)
+    server.enqueue(Scenario(text=ANSWER, chunk_size=4))
+    chunks = await run(model, mode)
+    assert joined(chunks) == ANSWER
+    text = [c for c in chunks if _text_of(c.content)]
+    assert len(text) > 10
+    # the first text is released by the general path (held while it could be whitespace)
+    assert all(any(c is m for m in made) for c in text[1:])
+    assert {c.id for c in chunks} == {chunks[-1].id}
+
+
 def test_a_sync_sdk_stream_holds_no_reader_thread_after_its_first_chunk(
     provider: str, server: LoopbackProvider, sleeps: Sleeps
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage, AIMessageChunk, HumanMessage, SystemMessage
@@ -259,3 +259,60 @@ def test_text_chunks_carry_the_turns_id_and_the_turns_metadata_is_every_chunks_m
         assert chunk.model_dump(exclude_unset=True)["id"] == "turn-id"  # recorded as set
         assert chunk.response_metadata == {}  # merged into the turn's instead
     assert acc.response_metadata == expected
+
+
+@given(
+    st.lists(
+        st.tuples(st.text(min_size=1, max_size=5), _METADATA, st.booleans()),
+        min_size=1,
+        max_size=30,
+    )
+)
+@example(
+    [
+        ("first ", {}, False),
+        ("a", {"model_name": "gpt-x"}, False),
+        ("b", {"model_name": "openai"}, True),
+        ("c", {"model_name": "gpt-x"}, False),
+    ]
+)
+@settings(max_examples=200, deadline=None)
+def test_the_turns_metadata_is_every_chunks_merged_in_order_whichever_path_takes_a_chunk(
+    chunks: list[tuple[str, dict[str, object], bool]],
+) -> None:
+    # a chunk with usage is not plain text: the general path merges its metadata, and a
+    # later text chunk equal to one merged before it is merged again
+    acc = TurnAccumulator("turn-id")
+    expected: dict[str, object] = {}
+    released: list[AIMessageChunk] = []
+    usage = {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}
+    for text, metadata, with_usage in chunks:
+        message = AIMessageChunk(
+            content=text,
+            response_metadata=dict(metadata),
+            usage_metadata=usage if with_usage else None,  # type: ignore[arg-type]
+        )
+        released += acc.feed(gen(message))
+        for key, value in metadata.items():
+            if value is not None or key not in expected:
+                expected[key] = value
+    released += acc.end_of_turn()
+    assert "".join(str(c.content) for c in released) == "".join(t for t, _, _ in chunks)
+    assert acc.response_metadata == expected
+
+
+def test_a_text_chunk_ends_the_turn_though_its_metadata_is_an_earlier_chunks_dict_changed() -> None:
+    acc = TurnAccumulator("turn-id")
+    shared: dict[str, object] = {"model_provider": "openai"}
+
+    def chunk(text: str) -> ChatGenerationChunk:
+        message = AIMessageChunk(content=text)
+        message.response_metadata = shared  # an integration that reuses one dict
+        return gen(message)
+
+    acc.feed(gen(AIMessageChunk(content="Hello ")))
+    acc.feed(chunk("there"))
+    shared["finish_reason"] = "stop"
+    acc.feed(chunk("."))
+    assert acc.terminal
+    assert acc.response_metadata == {"model_provider": "openai", "finish_reason": "stop"}
