@@ -761,6 +761,15 @@ class RedisRunLog(RunLog):
         pipe.execute()
 
 
+def _count_down(counts: dict[bytes, int], channel: bytes) -> None:
+    """One of ``channel``'s requests was confirmed: count it off (the key goes at zero)."""
+    left = counts.get(channel, 0) - 1
+    if left > 0:
+        counts[channel] = left
+    else:
+        counts.pop(channel, None)
+
+
 class _Channels:
     """A process's subscriptions to its followed runs' channels, on one connection.
 
@@ -890,20 +899,12 @@ class _Channels:
                     wakeup.set()
             elif kind == "subscribe":
                 self._published.pop(channel, None)  # what came while unsubscribed is unknown
-                left = self._sent.get(channel, 0) - 1
-                if left > 0:
-                    self._sent[channel] = left
-                else:
-                    self._sent.pop(channel, None)
+                _count_down(self._sent, channel)
                 self._lock.notify_all()
                 for wakeup in self._waiting.get(channel, ()):  # resubscribed: read again
                     wakeup.set()
             elif kind == "unsubscribe":
-                left = self._unsent.get(channel, 0) - 1
-                if left > 0:
-                    self._unsent[channel] = left
-                else:
-                    self._unsent.pop(channel, None)
+                _count_down(self._unsent, channel)
                 self._lock.notify_all()
 
     def _wake_all(self) -> None:
