@@ -14,8 +14,9 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +41,22 @@ def store(tmp_path: Path) -> Iterator[RedisStreamCheckpointStore]:
         server.stop()
 
 
+def read_in_threads(followers: Iterable[Iterator[Any]]) -> tuple[list[threading.Thread], list[str]]:
+    """Read each follower's events to the end on a thread of its own; started threads, texts."""
+    texts: list[str] = []
+    lock = threading.Lock()
+
+    def read(events: Iterator[Any]) -> None:
+        text = "".join(event.text for event in events)
+        with lock:
+            texts.append(text)
+
+    threads = [threading.Thread(target=read, args=(events,)) for events in followers]
+    for thread in threads:
+        thread.start()
+    return threads, texts
+
+
 def lrange_calls(store: RedisStreamCheckpointStore) -> int:
     stats = store._client().client.info("commandstats")
     return int(stats.get("cmdstat_lrange", {}).get("calls", 0))
@@ -51,18 +68,7 @@ def test_a_processs_followers_of_a_redis_run_share_one_subscription_and_no_read_
     log = run_log(store)
     run_id = str(uuid.uuid4())
     log.append(run_id, [encode_event("started", {"pid": 1})])
-    followers = [follow(store, run_id) for _ in range(FOLLOWERS)]
-    texts: list[str] = []
-    lock = threading.Lock()
-
-    def read(events: Iterator[object]) -> None:
-        text = "".join(event.text for event in events)  # type: ignore[attr-defined]
-        with lock:
-            texts.append(text)
-
-    threads = [threading.Thread(target=read, args=(events,)) for events in followers]
-    for thread in threads:
-        thread.start()
+    threads, texts = read_in_threads(follow(store, run_id) for _ in range(FOLLOWERS))
     channel = log._key(run_id, b"events")  # type: ignore[attr-defined]
     subscribers = store._client().client.pubsub_numsub(channel)[0][1]
     before = lrange_calls(store)
@@ -123,18 +129,7 @@ def follow_and_count_file_reads(directory: str) -> None:
     log = run_log(store)
     run_id = str(uuid.uuid4())
     log.append(run_id, [encode_event("started", {"pid": 1})])
-    followers = [follow(store, run_id) for _ in range(FOLLOWERS)]
-    texts: list[str] = []
-    lock = threading.Lock()
-
-    def read(events: Iterator[object]) -> None:
-        text = "".join(event.text for event in events)  # type: ignore[attr-defined]
-        with lock:
-            texts.append(text)
-
-    threads = [threading.Thread(target=read, args=(events,)) for events in followers]
-    for thread in threads:
-        thread.start()
+    threads, texts = read_in_threads(follow(store, run_id) for _ in range(FOLLOWERS))
     counting.set()
     started = time.monotonic()
     for n in range(APPENDS):
