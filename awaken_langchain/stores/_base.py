@@ -1128,16 +1128,13 @@ class DeltaCheckpointStore(StreamCheckpointStore):
                 record exceeds ``max_checkpoint_bytes``, or the backend fails.
         """
         plan = self._prepare_put(checkpoint)
-        if type(self)._backend_errors is not _PLAIN_BACKEND_ERRORS:  # the backend's own
-            with self._backend_errors("put", plan.run_id):  # a backend's own message, redacted
-                stored = self._put_plan(plan)
-        else:  # the same, without a generator and its context manager on every put
-            try:
-                stored = self._put_plan(plan)
-            except StreamCheckpointError:
-                raise
-            except Exception as exc:
-                raise self._backend_error("put", plan.run_id, exc) from exc
+        try:  # `_backend_errors`, without a generator and its context manager on every put
+            stored = self._put_plan(plan)
+        except StreamCheckpointError:
+            raise
+        except Exception as exc:
+            error = self._backend_error("put", plan.run_id, exc)
+            raise error from error.__cause__
         self._finish_put(plan, stored)
 
     def put_many(
@@ -1291,25 +1288,30 @@ class DeltaCheckpointStore(StreamCheckpointStore):
 
     @contextlib.contextmanager
     def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
-        """Turn any backend exception into a :class:`StreamCheckpointError`."""
+        """Turn any backend exception into a :class:`StreamCheckpointError` (`_backend_error`)."""
         try:
             yield
         except StreamCheckpointError:
             raise
         except Exception as exc:
-            raise self._backend_error(action, run_id, exc) from exc
+            error = self._backend_error(action, run_id, exc)
+            raise error from error.__cause__  # ``exc``, or ``None`` for a masked message
 
     def _backend_error(
         self, action: str, run_id: str | None, exc: Exception
     ) -> StreamCheckpointError:
-        """The error a backend exception raised by ``action`` becomes."""
-        return StreamCheckpointError(
+        """The error a backend exception raised by ``action`` becomes.
+
+        It is raised from its ``__cause__``, set here to ``exc``. A store maps
+        its own driver's exceptions by overriding this; one whose message is
+        masked sets ``__cause__`` to ``None`` (``raise ... from None``), so
+        that no traceback prints the driver's unmasked text.
+        """
+        error = StreamCheckpointError(
             f"{type(self).__name__}.{action} failed", run_id=run_id, cause=exc
         )
-
-
-_PLAIN_BACKEND_ERRORS = DeltaCheckpointStore._backend_errors
-"""The base class's `DeltaCheckpointStore._backend_errors`, which `put` writes out inline."""
+        error.__cause__ = exc
+        return error
 
 
 class PerLoop(Generic[R]):

@@ -617,19 +617,20 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         """Close the cache's database connection."""
         self._cache.close()
 
-    @contextlib.contextmanager
-    def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
-        with super()._backend_errors(action, run_id):
-            try:
-                yield
-            except diskcache.Timeout as exc:
-                raise StreamCheckpointError(
-                    f"{action} waited more than timeout={self.timeout:g} s for another "
-                    f"process's transaction on {self.directory}; raise "
-                    "DiskCacheStreamCheckpointStore(timeout=...) or reduce the writers",
-                    run_id=run_id,
-                    cause=exc,
-                ) from exc
+    def _backend_error(
+        self, action: str, run_id: str | None, exc: Exception
+    ) -> StreamCheckpointError:
+        if not isinstance(exc, diskcache.Timeout):
+            return super()._backend_error(action, run_id, exc)
+        error = StreamCheckpointError(
+            f"{action} waited more than timeout={self.timeout:g} s for another "
+            f"process's transaction on {self.directory}; raise "
+            "DiskCacheStreamCheckpointStore(timeout=...) or reduce the writers",
+            run_id=run_id,
+            cause=exc,
+        )
+        error.__cause__ = exc
+        return error
 
     # -- keys -----------------------------------------------------------------
 

@@ -328,22 +328,23 @@ class PostgresStreamCheckpointStore(SegmentedCheckpointStore):
             conn.commit()
             self._ready = True
 
-    @contextlib.contextmanager
-    def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
-        """Turn database failures into ``StreamCheckpointError``: where, never the password."""
-        with super()._backend_errors(action, run_id):
-            try:
-                yield
-            except _ERRORS as exc:
-                message = (
-                    f"PostgreSQL {action} failed at {self._where} (check that the server is up "
-                    "and reachable, the DSN's database, user and password, and the user's "
-                    "privileges on the store's tables)"
-                )
-                if isinstance(exc, psycopg_pool.PoolTimeout) and self._connect_error is not None:
-                    last = redact(str(self._connect_error).strip(), spec=self.dsn)
-                    message += f"; the last connection attempt failed: {last}"
-                raise connection_failure(message, exc, run_id=run_id, spec=self.dsn) from None
+    def _backend_error(
+        self, action: str, run_id: str | None, exc: Exception
+    ) -> StreamCheckpointError:
+        """Database failures say where, and never the password."""
+        if not isinstance(exc, _ERRORS):
+            return super()._backend_error(action, run_id, exc)
+        message = (
+            f"PostgreSQL {action} failed at {self._where} (check that the server is up "
+            "and reachable, the DSN's database, user and password, and the user's "
+            "privileges on the store's tables)"
+        )
+        if isinstance(exc, psycopg_pool.PoolTimeout) and self._connect_error is not None:
+            last = redact(str(self._connect_error).strip(), spec=self.dsn)
+            message += f"; the last connection attempt failed: {last}"
+        error = connection_failure(message, exc, run_id=run_id, spec=self.dsn)
+        error.__cause__ = None  # raised "from None"
+        return error
 
     # -- primitives, as steps that one driver runs ------------------------------------------
     #

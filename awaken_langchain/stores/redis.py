@@ -43,7 +43,6 @@ Values are JSON text encoded by this library; nothing is ever pickled.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -479,20 +478,21 @@ class RedisStreamCheckpointStore(DeltaCheckpointStore):
     def _expiry_ms(self) -> bytes:
         return b"" if self.ttl is None else str(max(1, math.ceil(self.ttl * 1000))).encode()
 
-    @contextlib.contextmanager
-    def _backend_errors(self, action: str, run_id: str | None) -> Iterator[None]:
-        """Turn Redis failures into ``StreamCheckpointError`` saying where and what to check."""
-        with super()._backend_errors(action, run_id):
-            try:
-                yield
-            except _REDIS_ERRORS as exc:
-                raise connection_failure(
-                    f"Redis {action} failed at {self._where} (check that the server is up, "
-                    "and the url, password and ssl settings of RedisStreamCheckpointStore)",
-                    exc,
-                    run_id=run_id,
-                    spec=self.url,
-                ) from None
+    def _backend_error(
+        self, action: str, run_id: str | None, exc: Exception
+    ) -> StreamCheckpointError:
+        """Redis failures say where and what to check."""
+        if not isinstance(exc, _REDIS_ERRORS):
+            return super()._backend_error(action, run_id, exc)
+        error = connection_failure(
+            f"Redis {action} failed at {self._where} (check that the server is up, "
+            "and the url, password and ssl settings of RedisStreamCheckpointStore)",
+            exc,
+            run_id=run_id,
+            spec=self.url,
+        )
+        error.__cause__ = None  # raised "from None"
+        return error
 
     # -- script calls, shared by the sync and async paths ---------------------------
 
