@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -488,3 +489,30 @@ def test_a_group_commit_reads_back_only_rows_changed_since_its_last_write(
         ) == [None, None]
         assert read[-1] == {b"h\x00other": None}  # its head is gone: written whole again
         assert (_text(two, "run"), _text(two, "other")) == ("abcd", "xyz")
+
+
+def test_a_side_file_another_process_removes_while_the_store_opens_is_no_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite removes its -wal/-shm files when a database's last connection closes, which
+    another process may do between seeing such a file and making it private."""
+    directory = tmp_path / "shared"
+    DiskCacheStreamCheckpointStore(directory).close()
+    database = directory / "cache.db"
+    for suffix in ("-wal", "-shm"):
+        Path(f"{database}{suffix}").write_bytes(b"")
+    chmod = os.chmod
+
+    def removed_first(path: Any, mode: int, **kwargs: Any) -> None:
+        if str(path).endswith(("-wal", "-shm")):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)  # the other process closed its connection just now
+        chmod(path, mode, **kwargs)
+
+    monkeypatch.setattr(os, "chmod", removed_first)
+    with DiskCacheStreamCheckpointStore(directory) as store:
+        store.put(StreamCheckpoint(run_id="r", partial_text="kept"))
+        saved = store.get("r")
+
+    assert saved is not None
+    assert saved.partial_text == "kept"

@@ -255,8 +255,10 @@ def make_private_database(path: str | os.PathLike[str]) -> None:
         os.close(fd)
     for suffix in SQLITE_SIDE_FILES:
         side = os.fspath(path) + suffix
-        if os.path.exists(side) and not os.path.islink(side):
-            os.chmod(side, 0o600)
+        if not os.path.islink(side):
+            # another process's SQLite may remove it meanwhile (its last connection closing)
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(side, 0o600)
 
 
 UNREADABLE_PREFIX = "unreadable-entry:"
