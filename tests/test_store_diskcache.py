@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -473,13 +474,14 @@ def test_a_group_commit_reads_back_only_rows_changed_since_its_last_write(
             ]
         ) == [None, None]
         assert list(read[-1]) == [b"e\x00run"]  # a new run: its epoch record only
+        reads = len(read)
         assert one.put_many(
             [
                 StreamCheckpoint(run_id="run", partial_text="abc", epoch=epoch),
                 StreamCheckpoint(run_id="other", partial_text="xy"),
             ]
         ) == [None, None]
-        assert read[-1] == {}  # nobody else wrote: nothing read back
+        assert all(rows == {} for rows in read[reads:])  # nobody else wrote: nothing read back
         two.delete("other")
         assert one.put_many(
             [
@@ -516,3 +518,78 @@ def test_a_side_file_another_process_removes_while_the_store_opens_is_no_error(
 
     assert saved is not None
     assert saved.partial_text == "kept"
+
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("claim"), st.integers(0, 1), st.sampled_from(["a", "b"])),
+        st.tuples(st.just("delete"), st.integers(0, 1), st.sampled_from(["a", "b"])),
+        st.tuples(
+            st.just("put"),
+            st.integers(0, 1),
+            st.lists(
+                st.tuples(st.sampled_from(["a", "b"]), st.text("xyz", max_size=40)),
+                min_size=1,
+                max_size=2,
+                unique_by=lambda pair: pair[0],
+            ),
+            st.booleans(),
+        ),
+    ),
+    max_size=30,
+)
+
+
+def _play(directory: Path, ops: list[Any], *, guarded: bool) -> list[Any]:
+    """Two processes' stores on one directory play ``ops``; what each operation answered,
+    then what a fresh reader finds."""
+    stores = [DiskCacheStreamCheckpointStore(directory) for _ in range(2)]
+    if not guarded:
+        for store in stores:
+            store._put_guarded = lambda plans: None  # type: ignore[method-assign]
+    epochs: list[dict[str, int]] = [{}, {}]
+    texts: list[dict[str, str]] = [{}, {}]
+    seen: list[Any] = []
+    try:
+        for op in ops:
+            who = op[1]
+            store = stores[who]
+            try:
+                if op[0] == "claim":
+                    epochs[who][op[2]] = store.claim(op[2])
+                    seen.append("claimed")
+                elif op[0] == "delete":
+                    store.delete(op[2], epoch=epochs[who].get(op[2], 0))
+                    seen.append("deleted")
+                else:
+                    batch = []
+                    for run, piece in op[2]:
+                        # append to what this store wrote last, or start again (shorter)
+                        text = texts[who].get(run, "") + piece if op[3] else piece
+                        texts[who][run] = text
+                        epoch = epochs[who].get(run, 0)
+                        batch.append(StreamCheckpoint(run_id=run, partial_text=text, epoch=epoch))
+                    errors = store.put_many(batch)
+                    seen.append([None if e is None else type(e).__name__ for e in errors])
+            except StreamCheckpointError as exc:
+                seen.append(type(exc).__name__)
+        with DiskCacheStreamCheckpointStore(directory, read_only=True) as reader:
+            seen.append([_text(reader, run) for run in ("a", "b")])  # type: ignore[arg-type]
+    finally:
+        for store in stores:
+            store.close()
+    return seen
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS)
+def test_a_group_commit_in_one_guarded_statement_answers_as_a_transaction_would(
+    ops: list[Any],
+) -> None:
+    """Puts written in one statement, guarded by the head and epoch rows this store last
+    saw, refuse, fence and keep exactly what the read-back transaction does, whatever
+    another process claimed, wrote or deleted in between."""
+    with tempfile.TemporaryDirectory() as directory:
+        guarded = _play(Path(directory) / "guarded", ops, guarded=True)
+        transaction = _play(Path(directory) / "transaction", ops, guarded=False)
+    assert guarded == transaction

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import threading
@@ -89,6 +90,39 @@ _ROWS_PER_UPSERT = 200
 """Rows written per statement: one statement is one release of the GIL (and one
 wait to take it back from a busy event loop), where ``executemany`` is one per row."""
 _UPSERT_ROW = _UPSERT_ROWS.format(_UPSERT_VALUES)
+_GUARDED_UPSERT = (
+    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count, tag, "
+    "size, mode, filename, value) "
+    "SELECT new.column1, 1, ?{now}, NULL, ?{now}, 0, NULL, 0, 1, NULL, new.column2 "
+    "FROM (VALUES {values}) AS new "
+    "WHERE COALESCE((SELECT Cache.mode IS 1 AND Cache.value IS new.column4 FROM Cache "
+    "WHERE Cache.key = new.column3 AND Cache.raw = 1 "
+    "AND (Cache.expire_time IS NULL OR Cache.expire_time > ?{now})), new.column4 IS NULL) "
+    "AND COALESCE((SELECT Cache.mode IS 1 AND Cache.value IS new.column6 FROM Cache "
+    "WHERE Cache.key = new.column5 AND Cache.raw = 1 "
+    "AND (Cache.expire_time IS NULL OR Cache.expire_time > ?{now})), new.column6 IS NULL) "
+    "ON CONFLICT(key, raw) DO UPDATE SET store_time = excluded.store_time, "
+    "expire_time = NULL, access_time = excluded.access_time, access_count = 0, tag = NULL, "
+    "size = 0, mode = 1, filename = NULL, value = excluded.value"
+)
+"""Rows as `_UPSERT_ROWS` writes them, each only while its run's head and epoch record
+rows hold what this store last saw (a live raw row with those bytes, or no live row):
+one statement, so one transaction and one release of the GIL, for a whole group commit.
+Each row of ``values`` is (key, value, head key, head, epoch record key, epoch record);
+``now`` is the number of the last parameter, the time. It begins with ``INSERT`` (no
+``WITH``): the sqlite3 module counts the rows written only for a statement that does."""
+
+
+@functools.lru_cache(maxsize=64)
+def _guarded_upsert(rows: int) -> str:
+    """`_GUARDED_UPSERT` for ``rows`` rows, every parameter numbered (``?N``)."""
+    values = ",".join(
+        "(" + ", ".join(f"?{6 * row + column}" for column in range(1, 7)) + ")"
+        for row in range(rows)
+    )
+    return _GUARDED_UPSERT.format(values=values, now=6 * rows + 1)
+
+
 _DELETE_ROWS = "DELETE FROM Cache WHERE raw = 1 AND key IN ({})"
 
 
@@ -157,6 +191,14 @@ def _lock_taken(cause: BaseException | None) -> bool:
     """Whether ``cause`` says that another connection held a lock this one needed."""
     # a Timeout: BEGIN IMMEDIATE found the write lock taken for as long as it may wait
     return isinstance(cause, diskcache.Timeout) or _busy(cause)
+
+
+class _FloorUnknown(Exception):
+    """The fencing rule needs the epoch floor, which only a transaction reads."""
+
+
+def _floor_unknown() -> int:
+    raise _FloorUnknown
 
 
 class _Stored:
@@ -1076,6 +1118,12 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         if not plans:
             return errors
         distinct = len({plan.run_id for _, plan in plans}) == len(plans)
+        if distinct:
+            left = self._put_guarded(plans)
+            if left is not None:
+                if not left:
+                    return errors
+                plans = left
         lean: list[tuple[int, PutPlan]] = []
         general: list[tuple[int, PutPlan]] = []
         for index, plan in plans:
@@ -1105,6 +1153,95 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         for plan, stored in written:
             self._finish_put(plan, stored)
         return errors
+
+    def _put_guarded(self, plans: list[tuple[int, PutPlan]]) -> list[tuple[int, PutPlan]] | None:
+        """Write a group commit of runs this store wrote last in one guarded statement.
+
+        Each put appends to (or rewrites) the record this store remembers
+        (``plan.last.state`` is its `_Stored`); the statement writes a run's
+        rows only while its head and epoch record rows hold what this store
+        last saw (`_GUARDED_UPSERT`), so it needs no transaction of its own
+        statements: ``BEGIN IMMEDIATE``, the read-back and ``COMMIT`` are three
+        statements, and releases of the GIL, fewer per commit. The fencing rule
+        is applied to the remembered epoch record, which the guard proves current.
+
+        Returns:
+            ``None`` when a put does not qualify (a run not written last by this
+            store, a rule that needs the epoch floor, a record to shrink, a row
+            diskcache would keep in a file, more rows than one statement takes)
+            or the write lock is taken: nothing was written, and the caller's
+            transaction writes them all. Else the puts whose guard failed (a
+            record someone else changed), for the caller's transaction; the rest
+            were written and remembered.
+        """
+        largest = self._cache.disk.min_file_size
+        params: list[Any] = []
+        rows = 0
+        leaned: list[tuple[int, PutPlan, bytes, LastWrite]] = []
+        for index, plan in plans:
+            last = plan.last
+            if last is None or not isinstance(last.state, _Stored):
+                return None
+            state: _Stored = last.state
+            record = state.epoch_record
+            try:
+                check_epoch(
+                    plan.run_id,
+                    plan.epoch,
+                    0 if record is None else record[0],
+                    action="put",
+                    floor=_floor_unknown,
+                )
+                step = self._lean_layout(plan, state, state.keys[2], largest)
+            except (StreamCheckpointError, _FloorUnknown):
+                return None  # the transaction decides, reading the rows
+            if step is None or step[5]:
+                return None
+            head, text_bytes, sizes, chars, new_rows, _ = step
+            head_key, epoch_key, _ = state.keys
+            expected = (head_key, state.head, epoch_key, state.epoch_row)
+            for key, value in (*new_rows, (head_key, head)):
+                params += (key, value, *expected)
+            rows += len(new_rows) + 1
+            stored = _Stored(head, chars, state.epoch_row, record, state.keys)
+            written = LastWrite(
+                plan.write_id,
+                plan.text,
+                text_bytes,
+                {"segments": sizes},
+                plan.text_hash,
+                stored,
+                plan.fields_code,
+            )
+            leaned.append((index, plan, head_key, written))
+        if rows > _ROWS_PER_UPSERT:
+            return None
+        cache = self._cache
+        if cache._txn_id is not None:  # inside another operation's transaction
+            return None
+        params.append(time.time())
+        statement = _guarded_upsert(rows)
+        with self._backend_errors("put", None):
+            connection: sqlite3.Connection = cache._con
+            cache._polling(connection)  # a taken lock answers at once
+            try:
+                changed = connection.execute(statement, params).rowcount
+            except sqlite3.OperationalError as exc:
+                if _busy(exc):
+                    return None
+                raise
+            if changed == rows:
+                self._remember_all((plan.run_id, written) for _, plan, _, written in leaned)
+                return []
+            # a guard failed: the runs whose heads are not the ones written go on
+            differ = _changed_rows(
+                connection.execute,
+                [(key, written.state.head) for _, _, key, written in leaned],
+            )
+        self._remember_all(
+            (plan.run_id, written) for _, plan, key, written in leaned if key not in differ
+        )
+        return [(index, plan) for index, plan, key, _ in leaned if key in differ]
 
     def _put_lean(
         self,
