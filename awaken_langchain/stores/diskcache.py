@@ -112,6 +112,14 @@ Each row of ``values`` is (key, value, head key, head, epoch record key, epoch r
 ``now`` is the number of the last parameter, the time. It begins with ``INSERT`` (no
 ``WITH``): the sqlite3 module counts the rows written only for a statement that does."""
 
+_GUARDED_RUNS = 4
+"""Most runs a group commit writes in one guarded statement. Each row's guard reads its
+run's head and epoch record rows, where the transaction reads them once per run; the
+three statements it saves weigh less as the batch grows. Measured (one thread, puts
+appending 40 characters): 84 vs 90 us of CPU per run for one run, the same for four,
+29 vs 27 us for 43; a writer thread behind a busy stream also waits to take the GIL
+back after each statement, which favours the guarded statement for a few runs."""
+
 
 @functools.lru_cache(maxsize=64)
 def _guarded_upsert(rows: int) -> str:
@@ -1118,7 +1126,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         if not plans:
             return errors
         distinct = len({plan.run_id for _, plan in plans}) == len(plans)
-        if distinct:
+        if distinct and len(plans) <= _GUARDED_RUNS:
             left = self._put_guarded(plans)
             if left is not None:
                 if not left:
