@@ -546,7 +546,7 @@ def _play(directory: Path, ops: list[Any], *, guarded: bool) -> list[Any]:
     stores = [DiskCacheStreamCheckpointStore(directory) for _ in range(2)]
     if not guarded:
         for store in stores:
-            store._put_guarded = lambda plans: None  # type: ignore[method-assign]
+            store._put_guarded = lambda plans, layouts: None  # type: ignore[method-assign]
     epochs: list[dict[str, int]] = [{}, {}]
     texts: list[dict[str, str]] = [{}, {}]
     seen: list[Any] = []

@@ -201,6 +201,13 @@ def _lock_taken(cause: BaseException | None) -> bool:
     return isinstance(cause, diskcache.Timeout) or _busy(cause)
 
 
+_Layout = (
+    tuple[bytes, int, list[int], tuple[int, ...], list[tuple[bytes, bytes]], list[bytes]] | None
+)
+"""A put as `DiskCacheStreamCheckpointStore._lean_layout` plans it (planned once per put:
+it reads the text appended, and re-encodes a merged tail segment)."""
+
+
 class _FloorUnknown(Exception):
     """The fencing rule needs the epoch floor, which only a transaction reads."""
 
@@ -1126,8 +1133,9 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         if not plans:
             return errors
         distinct = len({plan.run_id for _, plan in plans}) == len(plans)
+        layouts: dict[int, _Layout] = {}  # planned by the guarded statement, kept for the rest
         if distinct and len(plans) <= _GUARDED_RUNS:
-            left = self._put_guarded(plans)
+            left = self._put_guarded(plans, layouts)
             if left is not None:
                 if not left:
                     return errors
@@ -1142,7 +1150,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         try:
             with self._backend_errors("put", None), self._cache.transact():
                 if lean:
-                    general.extend(self._put_lean(lean, errors, leaned))
+                    general.extend(self._put_lean(lean, errors, leaned, layouts))
                 for index, plan in general:
                     try:
                         # nested: joins the open transaction
@@ -1162,7 +1170,9 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
             self._finish_put(plan, stored)
         return errors
 
-    def _put_guarded(self, plans: list[tuple[int, PutPlan]]) -> list[tuple[int, PutPlan]] | None:
+    def _put_guarded(
+        self, plans: list[tuple[int, PutPlan]], layouts: dict[int, _Layout]
+    ) -> list[tuple[int, PutPlan]] | None:
         """Write a group commit of runs this store wrote last in one guarded statement.
 
         Each put appends to (or rewrites) the record this store remembers
@@ -1200,7 +1210,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
                     action="put",
                     floor=_floor_unknown,
                 )
-                step = self._lean_layout(plan, state, state.keys[2], largest)
+                step = layouts[index] = self._lean_layout(plan, state, state.keys[2], largest)
             except (StreamCheckpointError, _FloorUnknown):
                 return None  # the transaction decides, reading the rows
             if step is None or step[5]:
@@ -1256,6 +1266,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         plans: list[tuple[int, PutPlan]],
         errors: list[StreamCheckpointError | None],
         leaned: list[tuple[str, LastWrite]],
+        layouts: dict[int, _Layout],
     ) -> list[tuple[int, PutPlan]]:
         """Write, inside the open transaction, the puts that need no read-back.
 
@@ -1313,7 +1324,11 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
                     action="put",
                     floor=self._epoch_floor,
                 )
-                step = self._lean_layout(plan, state, prefix, largest)
+                step = (
+                    layouts[index]
+                    if index in layouts
+                    else self._lean_layout(plan, state, prefix, largest)
+                )
             except StreamCheckpointError as exc:
                 errors[index] = exc
                 continue
@@ -1348,9 +1363,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
 
     def _lean_layout(
         self, plan: PutPlan, state: _Stored | None, prefix: bytes, largest: int
-    ) -> (
-        tuple[bytes, int, list[int], tuple[int, ...], list[tuple[bytes, bytes]], list[bytes]] | None
-    ):
+    ) -> _Layout:
         """Plan one put over the record this store last wrote (``state``), or a new record.
 
         Returns:
