@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 from langchain_core.messages import AIMessageChunk
 
-from awaken_langchain import (
-    DiskCacheStreamCheckpointStore,
-    FileStreamCheckpointStore,
-    InMemoryStreamCheckpointStore,
-    StreamCheckpointStore,
-)
+from awaken_langchain import InMemoryStreamCheckpointStore
 from awaken_langchain._runlog import Tap, open_tap, run_log
 
 
@@ -52,30 +45,18 @@ def test_text_followers_saw_from_the_process_before_is_not_published_again() -> 
     assert events == [{"type": "text", "data": {"text": "lo world"}}]
 
 
-@pytest.mark.parametrize("kind", ["memory", "file", "diskcache"])
-def test_a_local_runs_checkpoint_publishes_what_the_turn_yielded_before_the_turn_goes_on(
-    kind: str, tmp_path: Path
-) -> None:
-    """On a store in this process or on this host's disk, the quiet round of a run nobody
-    follows is made on the turn's own thread: a reader attaching after a checkpoint finds
-    everything the turn yielded up to it, with no background thread woken for it."""
-    store: StreamCheckpointStore
-    if kind == "memory":
-        store = InMemoryStreamCheckpointStore()
-    elif kind == "file":
-        store = FileStreamCheckpointStore(tmp_path / "store")
-    else:
-        store = DiskCacheStreamCheckpointStore(tmp_path / "store")
-    try:
-        tap = open_tap(store, "run")
-        assert tap is not None
-        for round_ in range(3):
-            tap.pending.extend(AIMessageChunk(content=f"{round_}.{n} ") for n in range(8))
-            tap.next_wake = 0.0  # the quarter second since the last round has passed
-            tap.due()
-            published = [json.loads(raw) for raw in tap.log.read("run", 0) or []]
-            text = "".join(str(e["data"]["text"]) for e in published if e["type"] == "text")
-            assert text == "".join(f"{r}.{n} " for r in range(round_ + 1) for n in range(8))
-        tap.end("completed", {})
-    finally:
-        store.close()
+def test_an_in_process_runs_checkpoint_publishes_what_the_turn_yielded_before_it_goes_on() -> None:
+    """On the in-process store, the quiet round of a run nobody follows is made on the
+    turn's own thread: a reader attaching after a checkpoint finds everything the turn
+    yielded up to it, with no background thread woken for it."""
+    store = InMemoryStreamCheckpointStore()
+    tap = open_tap(store, "run")
+    assert tap is not None
+    for round_ in range(3):
+        tap.pending.extend(AIMessageChunk(content=f"{round_}.{n} ") for n in range(8))
+        tap.next_wake = 0.0  # the quarter second since the last round has passed
+        tap.due()
+        published = [json.loads(raw) for raw in tap.log.read("run", 0) or []]
+        text = "".join(str(e["data"]["text"]) for e in published if e["type"] == "text")
+        assert text == "".join(f"{r}.{n} " for r in range(round_ + 1) for n in range(8))
+    tap.end("completed", {})
