@@ -248,6 +248,19 @@ class _Stored:
         self.keys = keys
 
 
+def _lean_write(plan: PutPlan, text_bytes: int, sizes: list[int], stored: _Stored) -> LastWrite:
+    """What a put written without reading back leaves remembered of its run."""
+    return LastWrite(
+        plan.write_id,
+        plan.text,
+        text_bytes,
+        {"segments": sizes},
+        plan.text_hash,
+        stored,
+        plan.fields_code,
+    )
+
+
 def _run_keys(run_id: str) -> tuple[bytes, bytes, bytes]:
     """A run's head key, epoch record key and text segment key prefix."""
     encoded = run_id_bytes(run_id)
@@ -1222,16 +1235,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
                 params += (key, value, *expected)
             rows += len(new_rows) + 1
             stored = _Stored(head, chars, state.epoch_row, record, state.keys)
-            written = LastWrite(
-                plan.write_id,
-                plan.text,
-                text_bytes,
-                {"segments": sizes},
-                plan.text_hash,
-                stored,
-                plan.fields_code,
-            )
-            leaned.append((index, plan, head_key, written))
+            leaned.append((index, plan, head_key, _lean_write(plan, text_bytes, sizes, stored)))
         if rows > _ROWS_PER_UPSERT:
             return None
         cache = self._cache
@@ -1341,16 +1345,7 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
             upserts += (head_key, now, now, head)
             deletes += stale
             now_stored = _Stored(head, chars, epoch_value, record, (head_key, epoch_key, prefix))
-            written = LastWrite(
-                plan.write_id,
-                plan.text,
-                text_bytes,
-                {"segments": sizes},
-                plan.text_hash,
-                now_stored,
-                plan.fields_code,
-            )
-            leaned.append((run_id, written))
+            leaned.append((run_id, _lean_write(plan, text_bytes, sizes, now_stored)))
         per_statement = _ROWS_PER_UPSERT * 4
         for start in range(0, len(upserts), per_statement):
             params = upserts[start : start + per_statement]
