@@ -1148,7 +1148,10 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
         distinct = len({plan.run_id for _, plan in plans}) == len(plans)
         layouts: dict[int, _Layout] = {}  # planned by the guarded statement, kept for the rest
         if distinct and len(plans) <= _GUARDED_RUNS:
-            left = self._put_guarded(plans, layouts)
+            try:
+                left = self._put_guarded(plans, layouts)
+            except StreamCheckpointError as exc:  # the database failed, as a transaction's would
+                return [exc] * len(checkpoints)
             if left is not None:
                 if not left:
                     return errors
