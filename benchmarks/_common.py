@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -39,6 +39,7 @@ from awaken_langchain import (
     StreamCheckpointStore,
 )
 from awaken_langchain.errors import StreamCheckpointError
+from awaken_langchain.writer import takes_deferred
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -415,7 +416,13 @@ COLLECTOR_TIME = _CollectorTime()
 
 
 class TimedStore(StreamCheckpointStore):
-    """Delegates to another store and records how long each call took."""
+    """Delegates to another store and records how long each call took.
+
+    A stream's captures reach the inner store unbuilt, as they reach a store
+    that takes them (`takes_deferred`, every store here): `timed` wraps no other.
+    """
+
+    takes_deferred: ClassVar[bool] = True
 
     def __init__(self, inner: StreamCheckpointStore) -> None:
         super().__init__(ttl=inner.ttl, max_checkpoint_bytes=inner.max_checkpoint_bytes)
@@ -771,6 +778,8 @@ async def paced_turn(
 class _TimedNow(TimedStore):
     """A `TimedStore` over a store that can work without waiting (`put_many_now`, `call_now`)."""
 
+    takes_deferred: ClassVar[bool] = True  # declared by each class itself (`takes_deferred`)
+
     def put_many_now(
         self, checkpoints: Sequence[StreamCheckpoint]
     ) -> list[StreamCheckpointError | None] | None:
@@ -782,6 +791,8 @@ class _TimedNow(TimedStore):
 
 def timed(inner: StreamCheckpointStore) -> TimedStore:
     """``inner`` behind a `TimedStore`, committed on the stream's thread if ``inner`` is."""
+    if not takes_deferred(inner):
+        raise TypeError(f"{type(inner).__name__} does not take captures unbuilt")
     if "put_many_now" in type(inner).__dict__:
         return _TimedNow(inner)
     return TimedStore(inner)

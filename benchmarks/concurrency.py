@@ -64,7 +64,7 @@ if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from awaken_langchain import RecoveringChatModel, RetryPolicy, StreamCheckpoint
-from awaken_langchain.accumulator import DeferredCheckpoint
+from awaken_langchain.checkpoint import DeferredCheckpoint, built
 from awaken_langchain.writer import _ATTRIBUTE, CheckpointWriter, writer_for
 from benchmarks._common import (
     REPO_ROOT,
@@ -213,17 +213,24 @@ async def _paced_turns(
         model = RecoveringChatModel(model=inner, store=store)
 
         def committed(checkpoints: Sequence[StreamCheckpoint], now: float) -> None:
+            commits.append((list(checkpoints), now))  # read after the turns: not on their path
+
+        store.on_commit = committed
+
+    commits: list[tuple[list[StreamCheckpoint | DeferredCheckpoint], float]] = []
+
+    def lags_of_commits() -> None:
+        """Each chunk's lag from its sending to the first commit that held it."""
+        for checkpoints, now in commits:
             for checkpoint in checkpoints:
                 question = questions.get(checkpoint.run_id)
                 if question is None:
                     continue
                 sent = inner.sent[question]
-                upto = min(len(checkpoint.partial_text) // chunk_chars, len(sent))
+                upto = min(len(built(checkpoint).partial_text) // chunk_chars, len(sent))
                 for j in range(covered.get(question, 0), upto):
                     lags.append(now - sent[j])
                 covered[question] = max(upto, covered.get(question, 0))
-
-        store.on_commit = committed
 
     late: list[float] = []
 
@@ -238,6 +245,7 @@ async def _paced_turns(
     try:
         results = await asyncio.gather(*(turn(i) for i in range(streams)))
         cpu = time.process_time() - cpu
+        lags_of_commits()
         left = 0
         if store is not None and writer is not None:
             # a closing write the turn stopped waiting for is still queued: let it land
