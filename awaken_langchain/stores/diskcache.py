@@ -1259,10 +1259,8 @@ class DiskCacheStreamCheckpointStore(SegmentedCheckpointStore):
                 self._remember_all((plan.run_id, written) for _, plan, _, written in leaned)
                 return []
             # a guard failed: the runs whose heads are not the ones written go on
-            differ = _changed_rows(
-                connection.execute,
-                [(key, written.state.head) for _, _, key, written in leaned],
-            )
+            heads = [(key, written.state.head) for _, _, key, written in leaned]
+            differ = cache.changed_rows(heads)
         self._remember_all(
             (plan.run_id, written) for _, plan, key, written in leaned if key not in differ
         )
