@@ -8,13 +8,14 @@ real ``redis-server``, a real PostgreSQL).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import json
 import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from multiprocessing.context import ForkServerContext
 from pathlib import Path
 from typing import Any
@@ -331,6 +332,38 @@ def test_async_followers_waiting_for_events_hold_no_worker_thread(
 
     assert seen == [["started", "completed"]] * 64
     assert waited < 0.5
+
+
+def test_an_async_in_process_turn_ends_with_its_final_event_while_the_loops_workers_are_busy(
+    server: LoopbackProvider,
+) -> None:
+    """The in-process log is written on the loop: a turn's end waits for no worker thread."""
+    store = InMemoryStreamCheckpointStore()
+    run_id = uuid.uuid4()
+
+    async def main() -> tuple[list[AIMessageChunk], list[RunEvent]]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers=1))
+        stream = wrapped(server, store).astream("Tell me", config={"run_id": run_id})
+        chunks = [await anext(stream)]  # connected: the SDK needs no worker from here on
+        released = threading.Event()
+        busy = loop.run_in_executor(None, released.wait)  # the only worker is taken
+        try:
+            chunks += await asyncio.wait_for(_collected(stream), 10)
+            events = list(follow(store, str(run_id)))
+        finally:
+            released.set()
+            await busy
+        return chunks, events
+
+    chunks, events = asyncio.run(main())
+    assert merged(chunks).text == ANSWER
+    assert events[-1].type == "completed"
+    assert "".join(e.text for e in events) == ANSWER
+
+
+async def _collected(stream: AsyncIterator[AIMessageChunk]) -> list[AIMessageChunk]:
+    return [chunk async for chunk in stream]
 
 
 def test_a_run_nobody_follows_is_published_only_at_the_checkpoint_cadence(
