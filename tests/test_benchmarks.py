@@ -21,6 +21,7 @@ from benchmarks import (
     paced_instructions,
     readers,
     recovery_latency,
+    sdk_instructions,
     sdk_overhead,
     seam_accuracy,
     server_stores,
@@ -317,6 +318,33 @@ with tempfile.TemporaryDirectory() as tmp:
     writes = v.VirtualClockLoop().run_until_complete(main(Path(tmp)))
 print(json.dumps({"writes": writes, "real": real() - started, "virtual": v.now() - virtual}))
 """
+
+
+def test_sdk_instruction_goals_are_judged_on_the_worst_ratio_of_every_path() -> None:
+    def row(provider: str, path: str, case: str, ratio: float) -> sdk_instructions.Row:
+        return sdk_instructions.Row(provider, path, "unpaced", case, 0.0, 0.0, 0.0, ratio=ratio)
+
+    lines = sdk_instructions.goal_lines(
+        [
+            row("openai", "sync", "bare", 1.0),
+            row("openai", "sync", "none", 1.004),
+            row("anthropic", "async", "none", 1.005),
+            row("openai", "sync", "memory", 1.019),
+            row("anthropic", "async", "memory", 1.021),
+            row("openai", "sync", "file", 1.5),  # reported beside the goals, not judged
+        ]
+    )
+    assert lines == [
+        "Goal: wrapper, no store <= 1.005x the bare integration: met "
+        "(anthropic async unpaced 1.005x, openai sync unpaced 1.004x).",
+        "Goal: wrapper, in-memory store <= 1.02x the bare integration: NOT met "
+        "(anthropic async unpaced 1.021x, openai sync unpaced 1.019x).",
+    ]
+    at_24 = sdk_instructions.goal_lines([row("openai", "sync", "memory", 1.01)], every_chunks=24)
+    assert at_24 == [
+        "Goal: wrapper, in-memory store <= 1.02x the bare integration "
+        "[at checkpoint_every_chunks=24]: met (openai sync unpaced 1.010x)."
+    ]
 
 
 def test_paced_turns_on_the_virtual_clock_keep_their_schedule_and_checkpoint_as_at_full_speed() -> (
