@@ -51,6 +51,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script from a clone
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from awaken_langchain import RecoveringChatModel
 from benchmarks._common import (
     CACHEGRIND,
     child_env,
@@ -65,6 +66,9 @@ from benchmarks._common import (
     table,
 )
 from benchmarks.sdk_overhead import loopback_server
+
+EVERY_CHUNKS: int = RecoveringChatModel.model_fields["checkpoint_every_chunks"].default
+"""The wrapper's default cadence, at which the goals are set."""
 
 CASES = ("bare", "none", "memory", "diskcache", "file", "redis")
 """``bare`` is the integration alone; the others name the wrapper's store (``none``: no store)."""
@@ -86,12 +90,11 @@ def child(
     url: str,
     redis_url: str | None,
     collector: bool,
-    every_chunks: int = 8,
+    every_chunks: int = EVERY_CHUNKS,
 ) -> None:
     """Stream one answer from the loopback server at ``url``; print what was received."""
     from langchain_core.language_models import BaseChatModel
 
-    from awaken_langchain import RecoveringChatModel
     from benchmarks._common import make_store
 
     inner: BaseChatModel
@@ -174,12 +177,14 @@ GOALS = (("none", 1.005), ("memory", 1.02), ("diskcache", 1.02))
 """Each case's most instructions per chunk, as a ratio to the bare integration."""
 
 
-def goal_lines(rows: list[Row], every_chunks: int = 8) -> list[str]:
+def goal_lines(rows: list[Row], every_chunks: int = EVERY_CHUNKS) -> list[str]:
     """Each goal, met or not, with every measured ratio it covers (worst first).
 
     The goals are set at the default cadence; at another, the lines say so.
     """
-    cadence = "" if every_chunks == 8 else f" [at checkpoint_every_chunks={every_chunks}]"
+    cadence = (
+        "" if every_chunks == EVERY_CHUNKS else f" [at checkpoint_every_chunks={every_chunks}]"
+    )
     lines = []
     for case, goal in GOALS:
         checked = sorted((r for r in rows if r.case == case), key=lambda r: -r.ratio)
@@ -209,8 +214,8 @@ class Settings:
     cases: tuple[str, ...] = CASES
     paced: bool = True
     collector_off: bool = True
-    every_chunks: int = 8
-    """The wrapper's ``checkpoint_every_chunks`` (8 is the default)."""
+    every_chunks: int = EVERY_CHUNKS
+    """The wrapper's ``checkpoint_every_chunks``."""
     urls: dict[tuple[bool, bool], dict[str, str]] = field(default_factory=dict)
 
 
@@ -391,7 +396,10 @@ if __name__ == "__main__":
     parser.add_argument("--path", action="append", choices=["sync", "async"])
     parser.add_argument("--case", action="append", choices=list(CASES))
     parser.add_argument(
-        "--every-chunks", type=int, default=8, help="the wrapper's checkpoint_every_chunks"
+        "--every-chunks",
+        type=int,
+        default=EVERY_CHUNKS,
+        help="the wrapper's checkpoint_every_chunks",
     )
     args = parser.parse_args()
     chosen = (
