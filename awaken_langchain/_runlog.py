@@ -60,7 +60,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessageChunk, message_to_dict
 from langchain_core.outputs import ChatGenerationChunk
@@ -1692,20 +1692,28 @@ def end_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
         tap.end(*outcome)
 
 
-async def aend_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
-    """`end_tap` for an async turn: the store is written in a worker thread.
+_T = TypeVar("_T")
 
-    An in-process log (`RunLog.quick`) is written on the loop: it takes
-    microseconds, and a hop to the loop's default executor costs about 70 us
+
+async def _log_work(log: RunLog, work: Callable[..., _T], *args: Any) -> _T:
+    """Do an async turn's write or read of its run's log, in a worker thread.
+
+    On an in-process log (`RunLog.quick`) it is done at once: it takes
+    microseconds, where a hop to the loop's default executor costs about 70 us
     of CPU and waits for a free worker.
     """
+    if log.quick:
+        return work(*args)
+    return await asyncio.to_thread(work, *args)
+
+
+async def aend_tap(tap: Tap, engine: Any, failure: BaseException | None) -> None:
+    """`end_tap` for an async turn (the log is written by `_log_work`)."""
     outcome = _outcome(engine, failure)
     if outcome is None:
         tap.abandon()
-    elif tap.log.quick:
-        tap.end(*outcome)
     else:
-        await asyncio.to_thread(tap.end, *outcome)
+        await _log_work(tap.log, tap.end, *outcome)
 
 
 def skip_seen(tap: Tap) -> None:
@@ -1714,11 +1722,8 @@ def skip_seen(tap: Tap) -> None:
 
 
 async def askip_seen(tap: Tap) -> None:
-    """`skip_seen` for an async turn (the log is read in a worker thread, or at once in-process)."""
-    if tap.log.quick:
-        skip_seen(tap)
-    else:
-        tap.skip_replayed(await asyncio.to_thread(published_text, tap.log, tap.run_id))
+    """`skip_seen` for an async turn (the log is read by `_log_work`)."""
+    tap.skip_replayed(await _log_work(tap.log, published_text, tap.log, tap.run_id))
 
 
 def published_text(log: RunLog, run_id: str) -> int:
